@@ -1,0 +1,64 @@
+"""Project-wide pytest setup: markers, hypothesis profiles, golden snapshots."""
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from syrupy.extensions.amber import AmberSnapshotExtension
+
+GOLDEN = Path(__file__).parent / "golden"
+
+# `ci` is deterministic (derandomized, no example database) so a red run is
+# reproducible from the commit alone; `dev` searches much harder.
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev",
+    max_examples=2000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--hypothesis-profile-name",
+        default=None,
+        help="hypothesis profile: ci (default) or dev; env TREESPEC_HYPOTHESIS",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "exactness: checks one of the ten exactness contracts (the CI gate)"
+    )
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    profile = (
+        config.getoption("--hypothesis-profile-name")
+        or os.environ.get("TREESPEC_HYPOTHESIS")
+        or "ci"
+    )
+    settings.load_profile(profile)
+
+
+class GoldenExtension(AmberSnapshotExtension):
+    """Snapshots live under golden/<suite>/, not in scattered __snapshots__."""
+
+    @classmethod
+    def dirname(cls, *, test_location) -> str:
+        suite = Path(test_location.filepath).parent.name
+        return str(GOLDEN / suite)
+
+
+@pytest.fixture
+def snapshot(snapshot):
+    return snapshot.use_extension(GoldenExtension)

@@ -1,0 +1,219 @@
+"""DraftTree: the topology of one speculative round, and the masks and
+positions a verify forward needs.
+
+Node 0 is the root: the last committed token, which the target has not seen
+yet. Nodes are in topological order (``parents[i] < i``), so a node's depth,
+its ancestors and its mask row are all known when it is added.
+
+Everything here is plain Python/numpy; ``mask``, ``additive_mask`` and
+``positions`` convert to ``mx.array`` at the very end.
+"""
+
+from numbers import Integral
+from typing import Optional, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+
+class TreeError(ValueError):
+    """A malformed tree. The message names the offending node."""
+
+
+def _as_token(value, node: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
+        raise TreeError(f"node {node}: token {value!r} is not an integer")
+    if value < 0:
+        raise TreeError(f"node {node}: token {value} is negative")
+    return int(value)
+
+
+def _as_parent(value, node: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
+        raise TreeError(f"node {node}: parent {value!r} is not an integer")
+    value = int(value)
+    if node == 0:
+        if value != -1:
+            raise TreeError(f"node 0 is the root and must have parent -1, got {value}")
+    elif value == -1:
+        raise TreeError(f"node {node}: a second root (parent -1); only node 0 is a root")
+    elif not 0 <= value < node:
+        raise TreeError(
+            f"node {node}: parent {value} must be an earlier node (0 <= parent < {node})"
+        )
+    return value
+
+
+class DraftTree:
+    """Tokens and parent links of a draft tree, validated on construction."""
+
+    def __init__(self, tokens: Sequence[int], parents: Sequence[int]):
+        tokens, parents = list(tokens), list(parents)
+        if len(tokens) == 0:
+            raise TreeError("a tree needs at least the root node (node 0); got no tokens")
+        if len(parents) != len(tokens):
+            raise TreeError(
+                f"parents has {len(parents)} entries for {len(tokens)} tokens; "
+                f"node {min(len(parents), len(tokens))} is the first without a match"
+            )
+        # Validate everything before storing anything: no partial object.
+        toks = [_as_token(t, i) for i, t in enumerate(tokens)]
+        pars = [_as_parent(p, i) for i, p in enumerate(parents)]
+        self._tokens = toks
+        self._parents = pars
+        self._depths = [0]
+        for p in pars[1:]:
+            self._depths.append(self._depths[p] + 1)
+        self._ancestry = None
+
+    @classmethod
+    def linear(cls, tokens: Sequence[int]) -> "DraftTree":
+        """A chain: ``tokens[0]`` is the root, each node the child of the last."""
+        return cls(tokens, list(range(-1, len(tokens) - 1)))
+
+    def push_child(self, parent: int, token: int) -> int:
+        """Add a node below ``parent`` and return its index."""
+        node = len(self._tokens)
+        token = _as_token(token, node)
+        if isinstance(parent, (bool, np.bool_)) or not isinstance(parent, Integral):
+            raise TreeError(f"node {node}: parent {parent!r} is not an integer")
+        if not 0 <= parent < node:
+            raise TreeError(
+                f"node {node}: parent {parent} must be an existing node (0 <= parent < {node})"
+            )
+        self._tokens.append(token)
+        self._parents.append(int(parent))
+        self._depths.append(self._depths[parent] + 1)
+        self._ancestry = None
+        return node
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __repr__(self) -> str:
+        return f"DraftTree(tokens={self._tokens}, parents={self._parents})"
+
+    def __eq__(self, other) -> bool:
+        return (
+            isinstance(other, DraftTree)
+            and self._tokens == other._tokens
+            and self._parents == other._parents
+        )
+
+    @property
+    def tokens(self) -> tuple:
+        return tuple(self._tokens)
+
+    @property
+    def parents(self) -> tuple:
+        return tuple(self._parents)
+
+    def depths(self) -> np.ndarray:
+        return np.array(self._depths, dtype=np.int64)
+
+    def depth(self) -> int:
+        """Depth of the deepest node (0 for a root-only tree)."""
+        return max(self._depths)
+
+    def is_linear(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self._parents))
+
+    def path_to(self, node: int) -> list:
+        """Node indices from the root to ``node``, inclusive."""
+        if not 0 <= node < len(self):
+            raise TreeError(f"node {node} is not in a tree of {len(self)} nodes")
+        path = []
+        while node != -1:
+            path.append(node)
+            node = self._parents[node]
+        return path[::-1]
+
+    def children(self, node: int) -> list:
+        """Children of ``node`` in node order (the walk's tie-break order)."""
+        if not 0 <= node < len(self):
+            raise TreeError(f"node {node} is not in a tree of {len(self)} nodes")
+        return [i for i, p in enumerate(self._parents) if p == node]
+
+    def leaves(self) -> list:
+        has_child = set(self._parents[1:])
+        return [i for i in range(len(self)) if i not in has_child]
+
+    def ancestry(self) -> np.ndarray:
+        """``[n, n]`` bool: row i is True at i and at each ancestor of i."""
+        if self._ancestry is None:
+            n = len(self)
+            anc = np.zeros((n, n), dtype=bool)
+            for i, p in enumerate(self._parents):
+                if p >= 0:
+                    anc[i, :i] = anc[p, :i]
+                anc[i, i] = True
+            self._ancestry = anc
+        return self._ancestry
+
+    def mask_np(
+        self,
+        offset: int = 0,
+        window_size: Optional[int] = None,
+        history: Optional[int] = None,
+    ) -> np.ndarray:
+        """The bool mask as numpy, ``[n, history + n]``.
+
+        Node i sits at position ``offset + depth(i)``. The ``history`` cached
+        keys (default: all ``offset`` of them) sit at positions
+        ``offset - history .. offset - 1``; a rotating cache keeps fewer
+        keys than it has seen, so its caller passes the kept count. A window
+        keeps key position k for query position q when ``q - k < window``,
+        exactly as ``create_causal_mask`` does.
+        """
+        if offset < 0:
+            raise TreeError(f"offset must be >= 0, got {offset}")
+        history = offset if history is None else history
+        if not 0 <= history <= offset:
+            raise TreeError(f"history {history} must lie in 0..offset ({offset})")
+        if window_size is not None and window_size < 1:
+            raise TreeError(f"window_size must be >= 1, got {window_size}")
+        depths = np.asarray(self._depths)
+        n = len(self)
+        mask = np.empty((n, history + n), dtype=bool)
+        mask[:, history:] = self.ancestry()
+        if window_size is None:
+            mask[:, :history] = True
+        else:
+            qpos = offset + depths
+            kpos = np.arange(offset - history, offset)
+            mask[:, :history] = qpos[:, None] < kpos[None, :] + window_size
+            mask[:, history:] &= depths[:, None] < depths[None, :] + window_size
+        return mask
+
+    def mask(
+        self,
+        offset: int = 0,
+        window_size: Optional[int] = None,
+        history: Optional[int] = None,
+    ) -> mx.array:
+        """Bool ``mx.array`` ``[n, history + n]``, True where a node may attend,
+        in the convention of ``mlx_lm.models.base.create_causal_mask``."""
+        return mx.array(self.mask_np(offset, window_size, history))
+
+    def additive_mask(
+        self,
+        offset: int = 0,
+        window_size: Optional[int] = None,
+        dtype: mx.Dtype = mx.float32,
+        history: Optional[int] = None,
+    ) -> mx.array:
+        """0 where allowed, the dtype's most negative finite value elsewhere.
+
+        Finite, not -inf, so that a fully masked row gives a uniform softmax
+        instead of NaN."""
+        allowed = self.mask_np(offset, window_size, history)
+        neg = mx.array(mx.finfo(dtype).min, dtype)
+        return mx.where(mx.array(allowed), mx.array(0, dtype), neg)
+
+    def positions_np(self, offset: int = 0) -> np.ndarray:
+        return offset + np.asarray(self._depths, dtype=np.int32)
+
+    def positions(self, offset: int = 0) -> mx.array:
+        """int32 ``offset + depth`` per node: a node's position is its depth,
+        never its flattened index."""
+        return mx.array(self.positions_np(offset))
