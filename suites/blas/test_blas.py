@@ -1,0 +1,181 @@
+"""treespec.blas: detection of the BLAS MLX really calls, and switching it by re-exec.
+
+Detection is checked in fresh subprocesses: LD_PRELOAD only acts at process start, and this
+pytest process may itself run under either BLAS.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from treespec import blas
+
+ROOT = Path(__file__).resolve().parents[2]
+LINUX_CPU_WHEEL = sys.platform.startswith("linux")
+OPENBLAS = blas.openblas_path()
+needs_openblas = pytest.mark.skipif(
+    OPENBLAS is None,
+    reason=f"OpenBLAS not installed; CI installs it with: {blas.APT_COMMAND}",
+)
+linux_only = pytest.mark.skipif(not LINUX_CPU_WHEEL, reason="LD_PRELOAD/BLAS choice is a Linux CPU-backend matter")
+
+REPORT = (
+    "import json, numpy, sys\n"  # numpy maps its own (prefixed) OpenBLAS: must not fool detect()
+    "from treespec import blas\n"
+    "print('START', flush=True)\n"
+    "i = blas.{call}\n"
+    "d = dict(name=i.name, cpu=i.cpu_name, library=i.library, threads=i.threads, key=i.key(),\n"
+    "         mapped=list(i.mapped), describe=blas.describe(i), preload=__import__('os').environ.get('LD_PRELOAD'),\n"
+    "         guard=__import__('os').environ.get(blas.REEXEC_ENV))\n"
+    "print('INFO ' + json.dumps(d), flush=True)\n"
+)
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas.REEXEC_ENV, blas.OPENBLAS_ENV)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.update({k: v for k, v in extra.items() if v is not None})
+    return env
+
+
+def _run(call="detect()", **extra):
+    proc = subprocess.run(
+        [sys.executable, "-c", REPORT.format(call=call)],
+        cwd=ROOT, env=_env(**extra), capture_output=True, text=True, timeout=60,
+    )
+    infos = [json.loads(ln[5:]) for ln in proc.stdout.splitlines() if ln.startswith("INFO ")]
+    return proc, proc.stdout.count("START"), (infos[-1] if infos else None)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    proc, _, info = _run()
+    assert proc.returncode == 0, proc.stderr
+    return info
+
+
+@pytest.fixture(scope="module")
+def preloaded():
+    if OPENBLAS is None:
+        pytest.skip(f"OpenBLAS not installed; CI installs it with: {blas.APT_COMMAND}")
+    proc, _, info = _run(LD_PRELOAD=OPENBLAS)
+    assert proc.returncode == 0, proc.stderr
+    return info
+
+
+@linux_only
+def test_a_plain_process_reports_the_wheels_reference_blas(plain):
+    assert plain["name"] == "reference", plain
+    assert plain["threads"] == 1
+    assert plain["describe"].startswith("BLAS: reference")
+    assert plain["key"].startswith("cpu/reference")
+
+
+@needs_openblas
+@linux_only
+def test_an_openblas_preload_is_detected_although_the_bundled_blas_stays_mapped(preloaded):
+    assert preloaded["name"] == "openblas", preloaded
+    assert preloaded["library"] == os.path.realpath(OPENBLAS)
+    assert isinstance(preloaded["threads"], int) and preloaded["threads"] >= 1
+    assert f"{preloaded['threads']} thread" in preloaded["describe"]
+    # libmlx.so still maps the wheel's reference BLAS: the mapped list alone cannot tell.
+    assert any("blas" in Path(m).name for m in preloaded["mapped"] if m != preloaded["library"])
+
+
+@needs_openblas
+@linux_only
+def test_the_verdict_key_differs_between_the_two_blas(plain, preloaded):
+    assert plain["key"] != preloaded["key"]
+
+
+@needs_openblas
+@linux_only
+def test_openblas_keys_carry_the_thread_count():
+    # OpenBLAS's float32 results depend on its thread count (measured): verdicts must not mix.
+    _, _, one = _run(LD_PRELOAD=OPENBLAS, OPENBLAS_NUM_THREADS="1")
+    assert one["threads"] == 1 and one["key"].endswith("/t1"), one
+
+
+@needs_openblas
+@linux_only
+def test_ensure_openblas_reexecs_the_command_with_the_preload():
+    proc, starts, info = _run("ensure_blas('openblas')")
+    assert proc.returncode == 0, proc.stderr
+    assert starts == 2, "the command should have run once, then again after the re-exec"
+    assert info["name"] == "openblas"
+    assert info["preload"].split(":")[0] == OPENBLAS
+    assert info["guard"] is None, "a satisfied ensure_blas clears the loop guard for children"
+
+
+@needs_openblas
+@linux_only
+def test_ensure_reference_reexecs_without_the_preload():
+    proc, starts, info = _run("ensure_blas('reference')", LD_PRELOAD=OPENBLAS)
+    assert proc.returncode == 0, proc.stderr
+    assert starts == 2
+    assert info["name"] == "reference"
+    assert not info["preload"]
+
+
+@linux_only
+def test_ensure_does_not_reexec_when_already_satisfied(plain):
+    proc, starts, info = _run(f"ensure_blas({plain['name']!r})")
+    assert proc.returncode == 0, proc.stderr
+    assert starts == 1 and info["key"] == plain["key"]
+    proc, starts, info = _run("ensure_blas('auto')")
+    assert starts == 1 and info["key"] == plain["key"]
+
+
+@linux_only
+def test_a_missing_openblas_names_the_debian_package(tmp_path):
+    missing = str(tmp_path / "nowhere" / "libblas.so.3")
+    proc, starts, info = _run("ensure_blas('openblas')", **{blas.OPENBLAS_ENV: missing})
+    assert proc.returncode != 0 and info is None and starts == 1
+    assert "BlasUnavailable" in proc.stderr
+    assert "libopenblas0-pthread" in proc.stderr and "apt-get install" in proc.stderr
+    assert missing in proc.stderr
+
+
+def test_the_missing_message_names_package_command_and_paths():
+    assert blas.openblas_path(["/nonexistent/libblas.so.3"]) is None
+    with pytest.raises(blas.BlasUnavailable, match="libopenblas0-pthread") as err:
+        blas.reexec_with_openblas(candidates=["/nonexistent/libblas.so.3"])
+    assert blas.APT_COMMAND in str(err.value) and "/nonexistent/libblas.so.3" in str(err.value)
+
+
+@linux_only
+def test_the_loop_guard_refuses_a_second_reexec():
+    # As if we had already re-exec'd for OpenBLAS and it still was not in use.
+    target = OPENBLAS or "/bin/true"
+    proc, starts, info = _run(
+        "ensure_blas('openblas')", **{blas.REEXEC_ENV: "openblas", blas.OPENBLAS_ENV: target}
+    )
+    assert proc.returncode != 0 and starts == 1 and info is None
+    assert "refusing to loop" in proc.stderr
+
+
+def test_unknown_choice_is_refused():
+    with pytest.raises(ValueError, match="auto, reference, openblas"):
+        blas.ensure_blas("fast")
+
+
+def test_detect_in_this_process_is_consistent():
+    info = blas.detect()
+    assert info.device.startswith("Device(")
+    assert blas.describe(info).startswith(f"BLAS: {info.name}")
+    assert info.key().startswith(f"{info.device_type}/{info.name}")
+    assert info == blas.detect()  # frozen, comparable, stable
+
+
+@linux_only
+def test_a_reexec_is_refused_inside_pytest():
+    # Re-exec'ing here would restart the test session under another BLAS.
+    other = "reference" if blas.detect().cpu_name == "openblas" else "openblas"
+    if other == "openblas" and OPENBLAS is None:
+        pytest.skip(f"OpenBLAS not installed; CI installs it with: {blas.APT_COMMAND}")
+    with pytest.raises(blas.BlasUnavailable, match="inside pytest"):
+        blas.ensure_blas(other)
