@@ -1,0 +1,217 @@
+"""Model-level plumbing for the rollback suite: zoo models, the cache setups
+each family runs in, and one verify + commit round against a reference that
+only ever saw the accepted path."""
+
+import importlib
+from contextlib import contextmanager
+from functools import lru_cache
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_map
+from mlx_lm.models.cache import (
+    ConcatenateKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
+
+from suites.rollback.caches import assert_same, observe
+from treespec import zoo
+from treespec.rollback import capture_recurrent_inputs, commit_path, snapshot
+from treespec.verify import ChainOnly, TreeRefused, adapter_for
+
+try:  # the tree-aware recurrence, where it exists
+    from treespec.verify.gdn_tree import TreeGatedDelta
+except ImportError:  # pragma: no cover
+    TreeGatedDelta = None
+
+RECURRENT = ("qwen3_5", "qwen3_next")
+
+_MODELS = {}
+
+
+def model(family):
+    """The zoo model ``family``, or ``family/dtype`` for another activation
+    dtype (built once per process)."""
+    if family not in _MODELS:
+        name, _, dtype = family.partition("/")
+        _MODELS[family] = zoo.build(name, dtype=dtype or "float32")
+    return _MODELS[family]
+
+
+def recurrent(family) -> bool:
+    return family.partition("/")[0] in RECURRENT
+
+
+# Each setup turns the model's own caches into one cache mode. Quantizing
+# happens after the history, the way mlx-lm's maybe_quantize_kv_cache does.
+SETUPS = {
+    "native": {},
+    "rotating-w12": {"replace": lambda: RotatingKVCache(max_size=12)},
+    # What make_prompt_cache(max_kv_size=...) builds for models without their
+    # own make_cache; treespec.verify refuses its trees once wrapped, so
+    # linear trees then go through a plain forward.
+    "rotating-w12-keep4": {"replace": lambda: RotatingKVCache(max_size=12, keep=4)},
+    "concatenate": {"replace": ConcatenateKVCache},
+    **{
+        f"quantized-{b}bit-g{g}": {"quantize": (g, b)}
+        for b in (4, 8)
+        for g in (32,)  # the zoo's head dims are 16 and 32; the cache suite does 64, 128
+    },
+}
+
+
+@lru_cache(maxsize=None)
+def _kv_head_dims(family) -> frozenset:
+    probe = make_prompt_cache(model(family))
+    model(family)(mx.array([[1]]), cache=probe)
+    return frozenset(c.keys.shape[-1] for c in probe if type(c) is KVCache)
+
+
+def applicable(family, setup) -> bool:
+    """mx.quantize needs head_dim to be a multiple of the group size."""
+    quant = SETUPS[setup].get("quantize")
+    dims = _kv_head_dims(family)
+    return quant is None or (bool(dims) and all(d % quant[0] == 0 for d in dims))
+
+
+def make_caches(family, setup):
+    caches = make_prompt_cache(model(family))
+    replace = SETUPS[setup].get("replace")
+    if replace is not None:
+        caches = [replace() if type(c) is KVCache else c for c in caches]
+    return caches
+
+
+def prefill(family, setup, caches, history):
+    m = model(family)
+    half = len(history) // 2
+    for part in (history[:half], history[half:]):
+        if part:
+            m(mx.array(part)[None], cache=caches)
+    quant = SETUPS[setup].get("quantize")
+    if quant is not None:
+        for i, c in enumerate(caches):
+            if type(c) is KVCache:
+                caches[i] = c.to_quantized(group_size=quant[0], bits=quant[1])
+
+
+class _Capturing:
+    """A recurrent strategy that captures the mixer inputs inside another
+    strategy's instance-level swap (treespec.verify's recurrent hook)."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.captures = inner, inner.name, None
+
+    def refusal(self, model, caches, tree):
+        return self.inner.refusal(model, caches, tree)
+
+    @contextmanager
+    def inject(self, model, caches, tree):
+        with self.inner.inject(model, caches, tree):
+            with capture_recurrent_inputs(model) as captures:
+                self.captures = captures
+                yield
+
+
+def verify(family, tree, caches):
+    """treespec.verify's forward over the tree, with the recurrent inputs
+    captured. Returns (logits, captures). A linear tree the adapter refuses
+    (a wrapped keep>0 window) is a plain forward: a chain needs no mask."""
+    m = model(family)
+    try:
+        if recurrent(family) and len(tree) > 1:
+            inner = ChainOnly("GatedDeltaNet") if tree.is_linear() else TreeGatedDelta()
+            strategy = _Capturing(inner)
+            return adapter_for(m, recurrent=strategy).verify(tree, caches), strategy.captures
+        with capture_recurrent_inputs(m) as captures:  # nothing swapped: capture around
+            return adapter_for(m).verify(tree, caches), captures
+    except TreeRefused:
+        if not tree.is_linear():
+            raise
+    with capture_recurrent_inputs(m) as captures:
+        return m(mx.array(tree.tokens)[None], cache=caches)[0], captures
+
+
+def known_inexact(caches, offset, tree, path) -> bool:
+    """DESIGN.md's known case: a root-only path of a multi-node tree on a full
+    sliding window. The reference feeds the root alone, an in-place step
+    whose keys sit in ring order; the verify computed the root in temporal
+    order. Its rows (and so everything after) may differ in the last bits:
+    the verify's doing, not the rollback's (the cache suite pins the
+    rollback itself exactly for this case)."""
+    full = any(isinstance(c, RotatingKVCache) and offset >= c.max_size for c in caches)
+    return full and len(path) == 1 < len(tree)
+
+
+def rounds_then_decode(family, setup, history, rounds, later):
+    """For each (tree, path) round: verify the tree and commit the path on
+    one cache list, feed only the path to a reference. Then both must hold
+    the same state and give the same logits, bit for bit, for the ``later``
+    token chunks; after a known-inexact round, the same structure and close
+    values."""
+    m = model(family)
+    ours, ref = make_caches(family, setup), make_caches(family, setup)
+    prefill(family, setup, ours, history)
+    prefill(family, setup, ref, history)
+    offset, exact = len(history), True
+    for tree, path in rounds:
+        exact = exact and not known_inexact(ours, offset, tree, path)
+        snap = snapshot(ours)
+        logits, captures = verify(family, tree, ours)
+        mx.eval(logits)
+        commit_path(ours, offset, path, tree, snapshot=snap, recurrent=captures)
+        ref_logits = m(mx.array([tree.tokens[i] for i in path])[None], cache=ref)[0]
+        offset += len(path)
+        # The verify itself is suites/verify's contract; a mismatch here
+        # would make the rest meaningless, so say so first.
+        if exact:
+            assert mx.array_equal(logits[mx.array(path)], ref_logits).item(), "verify differs"
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            assert_same(observe(a), observe(b), f"layer {i} after committing {path}", exact)
+    for chunk in later:
+        x = mx.array(chunk)[None]
+        a, b = m(x, cache=ours), m(x, cache=ref)
+        if exact:
+            assert mx.array_equal(a, b).item(), f"logits differ on {chunk} after the commits"
+        else:
+            assert mx.allclose(a, b, rtol=0, atol=1e-3).item(), f"logits far off on {chunk}"
+
+
+# Other mlx-lm families whose recurrent mixers keep their state in an
+# ArraysCache (layer.mixer in mamba/mamba2, layer.conv in lfm2): tiny random
+# models, fed chains only (nothing verifies a branching tree through them).
+OTHER_RECURRENT = {
+    "mamba": dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, state_size=8,
+        num_hidden_layers=2, conv_kernel=4, use_bias=False, use_conv_bias=True,
+        time_step_rank=4,
+    ),
+    "mamba2": dict(
+        num_heads=4, head_dim=16, vocab_size=64, hidden_size=32, intermediate_size=64,
+        state_size=8, num_hidden_layers=2, layer_norm_epsilon=1e-5, conv_kernel=4,
+        n_groups=1, use_bias=False, use_conv_bias=True, tie_word_embeddings=True,
+        time_step_limit=(0.0, float("inf")), time_step_rank=4,
+    ),
+    "lfm2": dict(
+        vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=128, norm_eps=1e-5,
+        conv_bias=False, conv_L_cache=3, block_dim=32, block_multiple_of=16,
+        block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False, block_ff_dim=64,
+        full_attn_idxs=[1],
+    ),
+}
+
+
+def tiny(family):
+    if family not in _MODELS:
+        module = importlib.import_module(f"mlx_lm.models.{family}")
+        args = module.ModelArgs.from_dict({"model_type": family, **OTHER_RECURRENT[family]})
+        m = module.Model(args)
+        rng = np.random.RandomState(0)
+        draw = lambda p: mx.array(0.2 * rng.standard_normal(p.shape), p.dtype)
+        m.update(tree_map(draw, m.parameters()))
+        mx.eval(m.parameters())
+        _MODELS[family] = m
+    return _MODELS[family]

@@ -1,0 +1,146 @@
+"""Contract 7 with real models: after a tree verify and a commit, the next
+decode steps (single- and multi-token) give logits bit-identical, on the CPU
+reference BLAS, to a cache that only ever saw the accepted path.
+
+Every zoo family in every cache mode it runs in: its own caches (KVCache,
+gemma's sliding windows, qwen3.5/next's GatedDeltaNet states), a sliding
+window in place of each full KVCache (keep 0, and mlx-lm's max_kv_size keep
+4), ConcatenateKVCache, and a QuantizedKVCache of 4 and 8 bits.
+"""
+
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+
+from suites.rollback.caches import BUSH, assert_same, fingerprint, observe, tree_and_path
+from suites.rollback.models import (
+    OTHER_RECURRENT,
+    RECURRENT,
+    SETUPS,
+    TreeGatedDelta,
+    applicable,
+    make_caches,
+    model,
+    recurrent,
+    prefill,
+    rounds_then_decode,
+    tiny,
+)
+from treespec import zoo
+from treespec.rollback import capture_recurrent_inputs, commit_path, snapshot
+from treespec.tree import DraftTree
+
+pytestmark = pytest.mark.exactness
+
+CASES = [(f, s) for f in zoo.FAMILIES for s in SETUPS if applicable(f, s)]
+cases = pytest.mark.parametrize("family,setup", CASES, ids=[f"{f}-{s}" for f, s in CASES])
+
+HISTORY = list(range(40, 60))  # 20 tokens: past every window of the zoo (8, 12, 16)
+LATER = [[3], [7], [11, 12, 13], [5], [9, 2]]
+TOKENS = st.integers(0, zoo.VOCAB_SIZE - 1)
+
+
+def branching_ok(family, setup):
+    # A wrapped keep>0 window is refused by treespec.verify for branching
+    # trees; linear ones still run (as a plain forward).
+    return setup != "rotating-w12-keep4" and (not recurrent(family) or TreeGatedDelta)
+
+
+CHAIN = DraftTree.linear([21, 22, 23, 24, 25])
+
+
+@cases
+@pytest.mark.parametrize("history", [3, 20], ids=["short", "wrapped"])
+def test_next_steps_match_a_model_that_only_saw_the_path(family, setup, history):
+    # A chain goes through the recurrent layers as a plain sequence (they
+    # write their states); a branching tree through the tree-aware
+    # recurrence (it writes none): the replay must be right after both.
+    trees = [CHAIN] + ([BUSH] if branching_ok(family, setup) or history < 12 else [])
+    for tree in trees:
+        for node in sorted({0, int(np.argmax(tree.depths())), 2}):
+            rounds = [(tree, tree.path_to(node))]
+            rounds_then_decode(family, setup, HISTORY[:history], rounds, LATER)
+
+
+@pytest.mark.parametrize(
+    "family",
+    [f"{f}/{d}" for f in ("llama", "gemma3_text", "qwen3_5") for d in ("float16", "bfloat16")],
+)
+def test_half_precision_caches_commit_exactly(family):
+    """KVCache, sliding windows and recurrent states holding float16 and
+    bfloat16 activations."""
+    for history in (3, 20):
+        for node in (0, 2, 6):
+            rounds = [(BUSH, BUSH.path_to(node))]
+            rounds_then_decode(family, "native", HISTORY[:history], rounds, LATER)
+
+
+@cases
+@settings(max_examples=5)
+@given(
+    history=st.integers(1, 20),
+    rounds=st.lists(tree_and_path(max_nodes=7), min_size=1, max_size=3),
+    later=st.lists(st.lists(TOKENS, min_size=1, max_size=3), max_size=3),
+)
+def test_rounds_of_random_trees_then_decode(family, setup, history, rounds, later):
+    if not branching_ok(family, setup):
+        rounds = [(DraftTree.linear(t.tokens), list(range(len(p)))) for t, p in rounds]
+    rounds_then_decode(family, setup, HISTORY[:history], rounds, later or [[1]])
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_recurrent_snapshot_holds_references_the_forward_never_writes(family):
+    """The GatedDeltaNet replaces its cache slots (cache[0] = ..., cache[1] =
+    ...) and never writes into the old arrays: references are a snapshot."""
+    m, caches = model(family), make_caches(family, "native")
+    prefill(family, "native", caches, HISTORY[:5])
+    recurrent_caches = [c for c in caches if hasattr(c, "cache")]
+    held = [list(c.cache) for c in recurrent_caches]
+    snap = snapshot(caches)
+    before = fingerprint(held)
+    m(mx.array([[1, 2, 3]]), cache=caches)
+    assert fingerprint(held) == before
+    assert fingerprint([e.state[0] for e in snap.entries if e.cls is ArraysCache]) == before
+    for c, slots in zip(recurrent_caches, held):
+        assert all(new is not old for new, old in zip(c.cache, slots))
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_capture_puts_every_mixer_back_even_on_error(family):
+    m = model(family)
+    before = [dict(layer.children()) for layer in m.layers]
+    with pytest.raises(RuntimeError):
+        with capture_recurrent_inputs(m) as captures:
+            m(mx.array([[1, 2]]), cache=make_caches(family, "native"))
+            recurrent_layers = sum(hasattr(c, "cache") for c in make_caches(family, "native"))
+            assert len(captures.calls) == recurrent_layers
+            raise RuntimeError("boom")
+    after = [dict(layer.children()) for layer in m.layers]
+    assert all(a[k] is b[k] for a, b in zip(before, after) for k in a)
+
+
+@pytest.mark.parametrize("family", list(OTHER_RECURRENT))
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_other_recurrent_families_commit_a_prefix_of_a_chain(family, k):
+    """The capture finds any mixer that takes the recurrent cache (mamba's
+    and mamba2's ``mixer``, lfm2's ``conv``) and the replay rebuilds its
+    state: same cache, same logits as a model fed only the prefix."""
+    m, chain = tiny(family), [20, 21, 22, 23, 24]
+    ours, ref = make_prompt_cache(m), make_prompt_cache(m)
+    for c in (ours, ref):
+        m(mx.array([list(range(3, 12))]), cache=c)
+    snap = snapshot(ours)
+    with capture_recurrent_inputs(m) as captures:
+        m(mx.array([chain]), cache=ours)
+    commit_path(ours, 9, list(range(k)), DraftTree.linear(chain), snapshot=snap, recurrent=captures)
+    m(mx.array([chain[:k]]), cache=ref)
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        assert_same(observe(a), observe(b), f"layer {i}")
+    for step in ([5], [6, 7], [8]):
+        x = mx.array([step])
+        assert mx.array_equal(m(x, cache=ours), m(x, cache=ref)).item()

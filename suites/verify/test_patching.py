@@ -1,0 +1,103 @@
+"""The injection is instance-level and temporary: nothing stays patched after
+a verify, even one whose forward raised; no class is ever touched; a target
+and its drafter verified in turn (or one inside the other's forward) never
+see each other's patches."""
+
+import pytest
+
+from suites.verify import support
+from suites.verify.support import clone
+from suites.verify.test_root_paths import assert_rows_are_root_path_forwards
+from treespec import zoo
+from treespec.verify import adapter_for
+from treespec.verify.attention import ATTENTION_CACHES, TreeRoPE, rope_owners
+
+pytestmark = pytest.mark.exactness
+
+TREE = support.branching_trees("gemma3_text")["bushy"]
+CLASS_MAKE_MASK = {k: k.__dict__.get("make_mask") for k in ATTENTION_CACHES}
+
+
+def ropes(model):
+    return [(name, owner["rope"]) for name, owner in rope_owners(model)]
+
+
+def assert_unpatched(model, cache, ropes_before):
+    assert [n for n, _ in ropes(model)] == [n for n, _ in ropes_before]
+    assert all(rope is before for (_, rope), (_, before) in zip(ropes(model), ropes_before))
+    assert not any(isinstance(r, TreeRoPE) for _, r in ropes(model))
+    assert all("make_mask" not in vars(c) for c in cache)
+    assert {k: k.__dict__.get("make_mask") for k in ATTENTION_CACHES} == CLASS_MAKE_MASK
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_next"])
+def test_nothing_stays_patched_after_a_verify_that_raised(family):
+    model = support.model(family)
+    adapter = adapter_for(model)
+    tree = TREE if family == "gemma3_text" else support.linear_trees(family)["chain-5"]
+    cache = support.histories(family)[3].replay(model)
+    before_ropes = ropes(model)
+    # The last attention cache raises mid-forward: masks and ropes are
+    # injected by then (the earlier layers already ran).
+    victim = [c for c in cache if isinstance(c, ATTENTION_CACHES)][-1]
+
+    def explode(keys, values):
+        assert any(isinstance(r, TreeRoPE) for _, r in ropes(model)), "not injected yet"
+        raise Boom()
+
+    victim.update_and_fetch = explode
+    with pytest.raises(Boom):
+        adapter.verify(tree, cache)
+    del victim.update_and_fetch
+    assert_unpatched(model, cache, before_ropes)
+
+    # And the model still verifies exactly afterwards.
+    cache = support.histories(family)[3].replay(model)
+    before = clone(cache)
+    assert_rows_are_root_path_forwards(model, before, tree, adapter.verify(tree, cache))
+
+
+def test_nothing_stays_patched_after_a_verify():
+    model = support.model("gemma4_text")
+    cache = support.histories("gemma4_text")[4].replay(model)
+    before_ropes = ropes(model)
+    adapter_for(model).verify(support.branching_trees("gemma4_text")["fan"], cache)
+    assert_unpatched(model, cache, before_ropes)
+
+
+def test_a_target_and_its_drafter_verified_together_do_not_interfere():
+    """The drafter verifies its own tree from inside the target's forward
+    (the tightest interleaving two adapters can have): each sees only its own
+    patches, and both results are exact."""
+    target, drafter = support.model("llama"), zoo.drafter("llama")
+    t_ad, d_ad = adapter_for(target), adapter_for(drafter)
+    hist = support.history(7)
+    t_cache, d_cache = hist.replay(target), hist.replay(drafter)
+    t_before, d_before = clone(t_cache), clone(d_cache)
+    d_tree = support.branching_trees("llama")["two-chains"]
+    d_ropes = ropes(drafter)
+    inner = {}
+
+    victim = t_cache[-1]
+    real_update = victim.update_and_fetch
+
+    def verify_drafter_inside(keys, values):
+        # Target is mid-forward and patched; the drafter must not be.
+        assert all(r is b for (_, r), (_, b) in zip(ropes(drafter), d_ropes))
+        assert all("make_mask" not in vars(c) for c in d_cache)
+        inner["logits"] = d_ad.verify(d_tree, d_cache)
+        # ...and the drafter's verify must not have unpatched the target.
+        assert all(isinstance(r, TreeRoPE) for _, r in ropes(target))
+        assert all("make_mask" in vars(c) for c in t_cache)
+        return real_update(keys, values)
+
+    victim.update_and_fetch = verify_drafter_inside
+    t_logits = t_ad.verify(TREE, t_cache)
+    del victim.update_and_fetch
+    assert "logits" in inner
+    assert_rows_are_root_path_forwards(target, t_before, TREE, t_logits)
+    assert_rows_are_root_path_forwards(drafter, d_before, d_tree, inner["logits"])

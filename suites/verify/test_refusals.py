@@ -1,0 +1,154 @@
+"""Contract 8 for verify: what cannot be tree-verified is refused with a
+TreeRefused naming the model family and the reason, before anything is
+written: every cache compares equal (every array byte, every offset, every
+attribute) before and after."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx_lm.models.cache import (
+    ChunkedKVCache,
+    ConcatenateKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
+from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
+from mlx_lm.utils import _get_classes
+
+from suites.verify import support
+from suites.verify.support import HYBRID, clone, snapshot
+from suites.verify.test_root_paths import assert_rows_are_root_path_forwards
+from treespec import zoo
+from treespec.tree import DraftTree
+from treespec.verify import TreeRefused, adapter_for
+
+pytestmark = pytest.mark.exactness
+
+BRANCHING = DraftTree([5, 6, 7, 8], [-1, 0, 0, 1])
+
+
+def assert_refused_untouched(adapter, tree, cache, *words, start=0):
+    before = snapshot(cache)
+    with pytest.raises(TreeRefused) as err:
+        adapter.verify(tree, cache, start=start)
+    assert snapshot(cache) == before
+    for w in (adapter.model_type, *words):
+        assert w in str(err.value), (w, str(err.value))
+    return err.value
+
+
+def test_tree_refused_is_a_value_error():
+    assert issubclass(TreeRefused, ValueError)
+
+
+@pytest.mark.parametrize("family", HYBRID)
+@pytest.mark.parametrize("offset", [0, 5])
+def test_a_branching_tree_on_a_hybrid_model_is_refused_and_caches_unchanged(family, offset):
+    model = support.model(family)
+    cache = support.history(offset).replay(model)
+    adapter = adapter_for(model)
+    adapter.check(DraftTree.linear([1, 2, 3]), cache)  # chains are fine
+    err = assert_refused_untouched(adapter, BRANCHING, cache, "GatedDeltaNet", "branching")
+    assert err.family == family
+
+
+def fresh_llama():
+    # Not the lru-cached model: these tests swap a rope on the instance.
+    return zoo.build("llama")
+
+
+class HomemadeRoPE(nn.Module):
+    def __call__(self, x, offset=0):
+        return mx.fast.rope(x, x.shape[-1], traditional=False, base=1e4, scale=1.0, offset=offset)
+
+
+@pytest.mark.parametrize(
+    "rope, words",
+    [
+        (DynamicNTKScalingRoPE(16, 2048, False, 10000.0, 2.0), ("DynamicNTKScalingRoPE", "offset")),
+        (HomemadeRoPE(), ("HomemadeRoPE", "not a RoPE class known")),
+    ],
+    ids=["dynamic-ntk", "unknown-class"],
+)
+def test_an_unsupported_rope_is_refused_and_caches_unchanged(rope, words):
+    model = fresh_llama()
+    adapter = adapter_for(model)
+    cache = support.history(6).replay(model)
+    model.model.layers[1].self_attn.rope = rope
+    assert_refused_untouched(adapter, BRANCHING, cache, "layers.1.self_attn.rope", *words)
+    # adapter_for refuses it up front too
+    with pytest.raises(TreeRefused, match=words[0]):
+        adapter_for(model)
+
+
+def tiny(config: dict):
+    mx.random.seed(0)
+    model_class, args_class = _get_classes(config=config)
+    model = model_class(args_class.from_dict(config))
+    mx.eval(model.parameters())
+    return model
+
+
+def test_an_unaudited_family_is_refused_by_name():
+    """gpt2 adds learned position embeddings outside any rope: a tree verify
+    would silently use flattened positions. Unaudited families are refused."""
+    gpt2 = tiny(
+        {"model_type": "gpt2", "n_ctx": 64, "n_embd": 32, "n_head": 2, "n_layer": 1,
+         "n_positions": 64, "layer_norm_epsilon": 1e-5, "vocab_size": 64}
+    )
+    with pytest.raises(TreeRefused, match="'gpt2'.*not an audited"):
+        adapter_for(gpt2)
+
+
+def test_a_wrapped_rotating_cache_with_kept_tokens_is_refused():
+    """What make_prompt_cache(max_kv_size=8) gives a model without its own
+    make_cache: RotatingKVCache(keep=4). Once wrapped the kept keys are
+    positions 0..3 plus a recent run, and every multi-token forward (mlx-lm's
+    own chain verify too) drops them for later queries while one-token
+    decoding attends to them (measured: logits differ by up to 3.9). Before
+    the wrap the same cache verifies exactly."""
+    model = support.model("llama")
+    adapter = adapter_for(model)
+    kept_cache = lambda: [RotatingKVCache(max_size=8, keep=4) for _ in model.layers]
+    cache = kept_cache()
+    hist = support.history(5)
+    mx.eval(model(mx.array(hist.prompt)[None], cache=cache))
+    before = clone(cache)
+    logits = adapter.verify(BRANCHING, cache)
+    assert_rows_are_root_path_forwards(model, before, BRANCHING, logits)
+
+    wrapped = kept_cache()
+    mx.eval(model(mx.array(support.tokens(12, 3))[None], cache=wrapped))
+    assert_refused_untouched(adapter, BRANCHING, wrapped, "keep=4", "dropped keys")
+
+
+def test_an_unknown_cache_type_is_refused():
+    model = support.model("llama")
+    cache = [ChunkedKVCache(chunk_size=8) for _ in model.layers]
+    assert_refused_untouched(adapter_for(model), BRANCHING, cache, "ChunkedKVCache")
+
+
+def test_a_concatenate_cache_with_a_trimmed_tail_is_refused():
+    model = support.model("llama")
+    cache = [ConcatenateKVCache() for _ in model.layers]
+    mx.eval(model(mx.array(support.tokens(6, 1))[None], cache=cache))
+    adapter = adapter_for(model)
+    before = clone(cache)
+    assert_rows_are_root_path_forwards(model, before, BRANCHING, adapter.verify(BRANCHING, cache))
+    for c in cache:
+        c.trim(len(BRANCHING))
+    assert_refused_untouched(adapter, BRANCHING, cache, "stale tail")
+
+
+def test_a_batched_cache_is_refused():
+    model = support.model("llama")
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([support.tokens(4, 1), support.tokens(4, 2)]), cache=cache))
+    assert_refused_untouched(adapter_for(model), BRANCHING, cache, "batch of 2")
+
+
+def test_caches_that_disagree_on_their_offset_are_refused():
+    model = support.model("llama")
+    cache = support.history(6).replay(model)
+    cache[1].offset -= 1
+    assert_refused_untouched(adapter_for(model), BRANCHING, cache, "disagree", "[5, 6]")

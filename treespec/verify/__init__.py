@@ -1,0 +1,21 @@
+"""Target adapters: a whole draft tree verified in one forward of an mlx-lm
+model (tree mask and depth positions injected per instance), with refusals
+that leave the caches untouched."""
+
+from .adapter import FAMILIES, Family, TreeAdapter, TreeRefused, adapter_for
+from .attention import injected, tree_injected, tree_mask
+from .recurrent import ChainOnly, RecurrentStrategy, register_recurrent
+
+__all__ = [
+    "FAMILIES",
+    "ChainOnly",
+    "Family",
+    "RecurrentStrategy",
+    "TreeAdapter",
+    "TreeRefused",
+    "adapter_for",
+    "injected",
+    "register_recurrent",
+    "tree_injected",
+    "tree_mask",
+]

@@ -1,0 +1,282 @@
+"""Target adapters: verify a whole draft tree in one forward of an mlx-lm model.
+
+``adapter_for(model)`` looks the model's ``model_type`` up in :data:`FAMILIES`
+(families whose attention takes its mask from ``cache.make_mask`` and its
+positions from ``self.rope(x, offset=...)``, audited by suites/verify) and
+returns a :class:`TreeAdapter`; anything else is refused by name.
+
+``adapter.verify(tree, cache)`` runs ``model(tokens[None], cache=cache)`` once
+over the flattened tree with the tree mask and ``offset + depth`` positions
+injected (treespec.verify.attention) and returns one row of logits per node:
+each row equals, bit for bit on the CPU reference BLAS, the last row of a
+plain forward over that node's root path from the same cache state. The
+caches then hold all n nodes; ``commit`` rolls them back to the accepted path
+through treespec.rollback (verify keeps what it needs: a snapshot of the
+cache references and, on hybrid models, the recurrent layers' inputs).
+"""
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+
+from ..tree import DraftTree
+from .attention import (
+    ATTENTION_CACHES,
+    cache_refusal,
+    rope_owners,
+    rope_refusal,
+    tree_injected,
+)
+from .recurrent import ChainOnly, RecurrentStrategy, recurrent_strategy
+
+
+class TreeRefused(ValueError):
+    """This model, cache state or tree cannot be tree-verified. Raised before
+    anything is written: the caches are unchanged. Names the family and why."""
+
+    def __init__(self, family: str, reason: str):
+        super().__init__(f"tree verify refused for model_type {family!r}: {reason}")
+        self.family = family
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the adapter needs to know about an mlx-lm model family."""
+
+    # Kind of recurrent layer (a key of treespec.verify.recurrent's registry),
+    # None for attention-only families.
+    recurrent: Optional[str] = None
+    # Cache classes that belong to the recurrent layers.
+    recurrent_caches: tuple = ()
+    # Attribute of the attention modules holding the RoPE.
+    rope_attr: str = "rope"
+
+
+_ATTENTION = Family()
+_GATED_DELTA = Family(recurrent="gated_delta", recurrent_caches=(ArraysCache,))
+
+# Audited families. Zoo families are exercised by suites/verify on several
+# dtypes; the others share the attention/rope/mask pattern (mistral is
+# llama's module) and pass the same root-path check with tiny random
+# models (suites/verify/test_other_families.py). Add a family here only
+# with such a test.
+FAMILIES = {
+    "llama": _ATTENTION,
+    "qwen3": _ATTENTION,
+    "gemma3_text": _ATTENTION,
+    "gemma4_text": _ATTENTION,
+    "qwen3_5": _GATED_DELTA,
+    "qwen3_next": _GATED_DELTA,
+    # same pattern, checked with tiny random models
+    "mistral": _ATTENTION,
+    "qwen2": _ATTENTION,
+    "phi3": _ATTENTION,
+    "olmo2": _ATTENTION,
+    "granite": _ATTENTION,
+    "starcoder2": _ATTENTION,
+    "smollm3": _ATTENTION,  # NoPE layers
+    "cohere2": _ATTENTION,  # sliding layers on RotatingKVCache; global layers call no rope
+}
+
+
+def model_type(model: nn.Module) -> str:
+    mt = getattr(model, "model_type", None)
+    if mt is None and hasattr(model, "args"):
+        mt = getattr(model.args, "model_type", None)
+    return str(mt)
+
+
+class TreeAdapter:
+    """Tree verify for one model. Holds no patch between calls."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        family: Family,
+        recurrent: Optional[RecurrentStrategy] = None,
+    ):
+        self.model = model
+        self.family = family
+        self.model_type = model_type(model)
+        if recurrent is None and family.recurrent is not None:
+            recurrent = recurrent_strategy(family.recurrent)
+        self.recurrent = recurrent
+        # (cache list, offset, tree, rollback snapshot, recurrent captures)
+        self._last = None
+
+    def __repr__(self):
+        rec = f", recurrent={self.recurrent.name!r}" if self.recurrent else ""
+        return f"TreeAdapter({self.model_type!r}{rec})"
+
+    def _refuse(self, reason: str):
+        raise TreeRefused(self.model_type, reason)
+
+    def offset(self, cache: Sequence) -> Optional[int]:
+        """Tokens the attention caches hold before the verify (None if none)."""
+        offs = [c.offset for c in cache if isinstance(c, ATTENTION_CACHES)]
+        return offs[0] if offs else None
+
+    def check_model(self) -> list:
+        """Raise TreeRefused if some attention's RoPE cannot take per-node
+        positions (also run by adapter_for, and again by every check: a rope
+        may be swapped after the adapter was made). Returns the rope owners."""
+        attr = self.family.rope_attr
+        owners = rope_owners(self.model, attr)
+        if not owners:
+            self._refuse(f"no attention module has a {attr!r} to give per-node positions to")
+        for name, owner in owners:
+            why = rope_refusal(owner[attr])
+            if why:
+                self._refuse(f"{name}.{attr}: {why}")
+        return owners
+
+    def check(self, tree: DraftTree, cache: Sequence, start: int = 0) -> list:
+        """Raise TreeRefused if this cache state cannot verify this tree (its
+        nodes ``start..``, see :meth:`verify`). Reads only: nothing is
+        written. Returns the rope owners it checked."""
+        if not isinstance(tree, DraftTree):
+            raise TypeError(f"expected a DraftTree, got {type(tree).__name__}")
+        if not (isinstance(start, int) and 0 <= start < len(tree)):
+            raise ValueError(f"start must be a node of the tree (0..{len(tree) - 1}), got {start!r}")
+        attention, recurrent = [], []
+        for i, c in enumerate(cache):
+            if isinstance(c, ATTENTION_CACHES):
+                why = cache_refusal(c)
+                if why:
+                    self._refuse(f"layer {i}: {why}")
+                attention.append(c)
+            elif isinstance(c, self.family.recurrent_caches):
+                recurrent.append(c)
+            else:
+                self._refuse(
+                    f"layer {i}: cache {type(c).__name__} is neither an attention "
+                    "cache a tree mask can replace nor this family's recurrent cache"
+                )
+        offsets = sorted({c.offset for c in attention})
+        if len(offsets) > 1:
+            self._refuse(f"attention caches disagree on their offset: {offsets}")
+        if start:
+            if offsets and offsets[0] < start:
+                self._refuse(f"start {start} but the caches hold only {offsets[0]} tokens")
+            if any(isinstance(c, RotatingKVCache) for c in attention):
+                # A second update re-trims the ring by flattened order (a
+                # needed ancestor can fall out), and rollback cannot commit
+                # tree rows written by several updates.
+                self._refuse(
+                    f"RotatingKVCache: a tree fed in parts (start={start}) is "
+                    "written by several updates; feed it whole"
+                )
+            if recurrent and not (
+                getattr(self.recurrent, "supports_start", False)
+                or (isinstance(self.recurrent, ChainOnly) and tree.is_linear())
+            ):
+                self._refuse(
+                    f"{self.recurrent.name} cannot continue a tree from start={start}"
+                )
+        owners = self.check_model()
+        for c in recurrent:
+            if c.left_padding is not None or c.lengths is not None:
+                self._refuse("ArraysCache is prepared for a padded batch")
+        if recurrent:
+            why = self.recurrent.refusal(self.model, cache, tree)
+            if why:
+                self._refuse(why)
+        return owners
+
+    def verify(self, tree: DraftTree, cache: Sequence, start: int = 0) -> mx.array:
+        """Logits [n, vocab], row i for node i, from one forward over the tree.
+
+        The caches end holding all n nodes (in flattened order); commit the
+        accepted path with :meth:`commit`. ``start`` > 0 continues a tree
+        whose nodes ``0..start-1`` a previous verify of it (with its own
+        ``start``) already wrote: only nodes ``start..`` are fed, and their
+        n - start rows returned (a drafter growing its tree level by level).
+        """
+        owners = self.check(tree, cache, start)
+        offset = self.offset(cache)
+        offset = None if offset is None else offset - start
+        rollback = _rollback()
+        snap = rollback.snapshot(cache) if rollback else None  # references only
+        has_recurrent = any(isinstance(c, self.family.recurrent_caches) for c in cache)
+        captures = None
+        tokens = mx.array(tree.tokens[start:], dtype=mx.int32)[None]
+        with ExitStack() as stack:
+            if len(tree) > 1:
+                # A one-node tree is a plain decode step, left alone so that a
+                # wrapped RotatingKVCache takes the same in-place update (and
+                # key order) as classic decoding.
+                if self.recurrent is not None:
+                    stack.enter_context(self.recurrent.inject(self.model, cache, tree))
+                probe = stack.enter_context(
+                    tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start)
+                )
+            if has_recurrent and rollback:
+                # Innermost, so it records whatever mixer the strategy put in;
+                # commit replays the path's rows through the real one.
+                captures = stack.enter_context(rollback.capture_recurrent_inputs(self.model))
+            logits = self.model(tokens, cache=cache)
+            if len(tree) > 1:
+                probe()
+        self._last = (cache, offset, tree, snap, captures)
+        return logits[0]
+
+    def commit(
+        self,
+        cache: Sequence,
+        tree: DraftTree,
+        path: Sequence[int],
+        offset: Optional[int] = None,
+    ) -> int:
+        """Roll the caches back to the accepted root ``path`` of the ``tree``
+        the last :meth:`verify` of this very cache list verified: attention
+        rows compacted, recurrent states replayed along the path
+        (``treespec.rollback.commit_path``, with the snapshot and recurrent
+        inputs verify recorded). ``offset``, if given, must be the cache length
+        before that verify (a cross-check). Returns the committed length.
+        Raises RollbackRefused with every cache untouched when that cannot be
+        exact."""
+        if self._last is None or self._last[0] is not cache or self._last[2] != tree:
+            raise ValueError("commit needs the cache list and tree of the last verify")
+        if offset is not None and offset != self._last[1]:
+            raise ValueError(f"offset {offset} is not the {self._last[1]} the verify started at")
+        rollback = _rollback()
+        if rollback is None:
+            raise NotImplementedError("treespec.rollback is not available")
+        _, offset, _, snap, captures = self._last
+        committed = rollback.commit_path(
+            cache, offset, path, tree, snapshot=snap, recurrent=captures
+        )
+        self._last = None
+        return committed
+
+
+def _rollback():
+    """treespec.rollback, imported lazily (None while it does not exist)."""
+    try:
+        from .. import rollback
+    except ImportError:
+        return None
+    return rollback
+
+
+def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None) -> TreeAdapter:
+    """The tree-verify adapter for ``model``'s family, or TreeRefused naming
+    the family and why. ``recurrent`` overrides the family's recurrent
+    strategy (see treespec.verify.recurrent.register_recurrent)."""
+    mt = model_type(model)
+    family = FAMILIES.get(mt)
+    if family is None:
+        raise TreeRefused(
+            mt,
+            "not an audited tree-verify family (its attention may not take masks "
+            "from cache.make_mask and positions from self.rope); audited: "
+            + ", ".join(sorted(FAMILIES)),
+        )
+    adapter = TreeAdapter(model, family, recurrent)
+    adapter.check_model()
+    return adapter

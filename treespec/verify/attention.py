@@ -1,0 +1,322 @@
+"""Tree attention for mlx-lm models: the tree mask and per-node RoPE positions,
+injected for one forward and removed afterwards.
+
+No mlx-lm model takes a mask or positions argument. Masks come from
+``cache.make_mask(N, window_size=..., return_array=...)`` (through
+``create_attention_mask``), positions from ``self.rope(x, offset=cache.offset)``
+inside each attention module. So a verify forward over a flattened tree
+overrides ``make_mask`` on each cache *instance* (never the class) and swaps
+each attention module's ``rope`` *attribute* for a :class:`TreeRoPE` that
+rotates node i by ``offset + depth(i)`` instead of ``offset + i``. Both are
+restored in a ``finally``; two models (target and drafter) never share a patch.
+
+Everything that can make a tree unverifiable is decided here as a *reason*
+(``None`` when fine) so the adapter can refuse before any cache is written.
+"""
+
+from contextlib import contextmanager
+from typing import Callable, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import (
+    ConcatenateKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+)
+from mlx_lm.models.rope_utils import (
+    DynamicNTKScalingRoPE,
+    Llama3RoPE,
+    ProportionalRoPE,
+    SuScaledRoPE,
+    YarnRoPE,
+)
+
+from mlx_lm.models.smollm3 import NoPE
+
+from ..tree import DraftTree
+
+# RoPE classes whose only use of ``offset`` is to hand it to mx.fast.rope, so a
+# vector of B*T offsets on the batch axis gives per-node positions (NoPE, the
+# identity of smollm3's rope-less layers, ignores it). Exact classes, not
+# isinstance: a subclass may override __call__.
+TREE_ROPES = (nn.RoPE, Llama3RoPE, YarnRoPE, SuScaledRoPE, ProportionalRoPE, NoPE)
+
+# Known RoPE classes that cannot take a vector of positions, and why.
+REFUSED_ROPES = {
+    DynamicNTKScalingRoPE: (
+        "computes its base from the scalar offset (max(T + offset, max_pos)): "
+        "one forward over a tree has no single offset, and per-node bases "
+        "would not match the chain it stands for"
+    ),
+}
+
+# Attention caches whose make_mask we can replace, and the keys they show.
+ATTENTION_CACHES = (KVCache, QuantizedKVCache, RotatingKVCache, ConcatenateKVCache)
+
+
+# ---------------------------------------------------------------------------
+# RoPE
+# ---------------------------------------------------------------------------
+
+
+def rope_refusal(rope) -> Optional[str]:
+    """Why ``rope`` cannot rotate tree nodes by depth, or None."""
+    kind = type(rope)
+    if kind in TREE_ROPES:
+        return None
+    if kind is TreeRoPE:
+        return "a tree verify is already running on this model (reentrant verify)"
+    if kind in REFUSED_ROPES:
+        return f"{kind.__name__} {REFUSED_ROPES[kind]}"
+    return (
+        f"{kind.__module__}.{kind.__qualname__} is not a RoPE class known to take "
+        f"per-sequence offsets (known: {', '.join(k.__name__ for k in TREE_ROPES)})"
+    )
+
+
+def node_positions(offset, depths: mx.array, batch: int) -> mx.array:
+    """``offset + depth`` for every (batch, node), flattened to B*T.
+
+    ``offset`` is whatever the model hands its rope: an int (most models), a
+    scalar array (gemma4_text passes ``mx.array(cache.offset)``) or a vector
+    of B offsets (batched caches)."""
+    if isinstance(offset, mx.array) and offset.ndim == 1:
+        return (offset[:, None] + depths[None, :]).reshape(-1)
+    pos = depths + offset
+    return mx.tile(pos, batch) if batch > 1 else pos
+
+
+def rope_by_node(rope, x: mx.array, offset, depths: mx.array, **kwargs) -> mx.array:
+    """Apply ``rope`` to ``x`` (B, H, T, D) with token t at ``offset + depths[t]``.
+
+    mx.fast.rope takes one offset per batch row, not per token, so tokens
+    move onto the batch axis: (B, H, T, D) -> (B*T, H, 1, D) with a vector of
+    B*T offsets. Measured bit-identical to per-token rope (DESIGN.md)."""
+    B, H, T, D = x.shape
+    if T != depths.size:
+        raise RuntimeError(
+            f"tree rope got {T} tokens for a tree of {depths.size} nodes: this "
+            "model calls its rope on something other than the verify tokens"
+        )
+    flat = x.transpose(0, 2, 1, 3).reshape(B * T, H, 1, D)
+    out = rope(flat, offset=node_positions(offset, depths, B), **kwargs)
+    return out.reshape(B, T, H, D).transpose(0, 2, 1, 3)
+
+
+class TreeRoPE(nn.Module):
+    """Stands in for an attention module's ``rope`` during one verify forward.
+
+    An nn.Module so that assigning it replaces the child in place (the
+    module's key order, hence its parameter tree, is untouched)."""
+
+    def __init__(self, rope, depths: mx.array):
+        super().__init__()
+        self.inner = rope
+        self._depths = depths  # leading underscore: not a parameter
+        self._calls = 0
+
+    def __call__(self, x, offset=0, **kwargs):
+        self._calls += 1
+        return rope_by_node(self.inner, x, offset, self._depths, **kwargs)
+
+
+def rope_owners(model: nn.Module, attr: str = "rope") -> list:
+    """(name, module) of every module holding a ``rope`` child, in model order."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Module) and attr in m and not isinstance(m, TreeRoPE)
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Masks
+# ---------------------------------------------------------------------------
+
+
+def rotating_present(cache: RotatingKVCache) -> int:
+    """Keys ``RotatingKVCache._update_concat`` finds once it has time-ordered
+    the buffer (``_temporal_order``: the whole buffer when full or wrapped,
+    else ``[:_idx]``)."""
+    if cache.keys is None:
+        return 0
+    size = cache.keys.shape[2]
+    return size if (cache._idx == size or cache._idx < cache.offset) else cache._idx
+
+
+def rotating_kept(cache: RotatingKVCache) -> int:
+    """How many old keys a multi-token update keeps in front of its own n
+    (the history the verify's attention sees): ``_update_concat`` trims the
+    time-ordered buffer to ``max_size - 1`` before appending."""
+    return min(rotating_present(cache), cache.max_size - 1)
+
+
+def cache_refusal(cache) -> Optional[str]:
+    """Why this attention cache's state cannot take a tree, or None."""
+    kind = type(cache).__name__
+    if type(cache) not in ATTENTION_CACHES:
+        return f"{kind} is not a cache whose mask a tree verify can replace"
+    if cache.keys is not None:
+        first = cache.keys[0] if isinstance(cache.keys, (tuple, list)) else cache.keys
+        if first.shape[0] != 1:
+            return f"{kind} holds a batch of {first.shape[0]}; tree verify is batch 1"
+    if isinstance(cache, ConcatenateKVCache) and cache.keys is not None:
+        if cache.keys.shape[2] != cache.offset:
+            # trim() only moves offset; the next update concatenates after
+            # the stale tail, so the attention would see dropped keys.
+            return (
+                f"ConcatenateKVCache holds {cache.keys.shape[2]} keys but offset "
+                f"{cache.offset} (a trimmed stale tail)"
+            )
+    if isinstance(cache, RotatingKVCache):
+        present = rotating_present(cache)
+        if present > cache.offset:
+            return (
+                f"RotatingKVCache holds {present} time-ordered keys but offset is "
+                f"{cache.offset}: an inconsistent state"
+            )
+        if cache.keep and (present != cache.offset or present > cache.max_size - 1):
+            # The kept keys are positions 0..keep-1 plus a recent run. Any
+            # multi-token forward's mask (mlx-lm's create_causal_mask, and
+            # ours) counts them as contiguous history, so later queries lose
+            # the kept tokens while a one-token step attends to them: llama,
+            # max_size 8, keep 4, 12-token prompt, 3-token chain vs 3 steps
+            # differ by 0, 1.9, 3.9 in the logits (keep=0: < 6e-6, key order).
+            # No verify of this state can match classic decoding.
+            return (
+                f"RotatingKVCache(max_size={cache.max_size}, keep={cache.keep}) at "
+                f"offset {cache.offset} has dropped keys between its {cache.keep} "
+                "kept ones and the recent ones: a multi-token forward would not "
+                "attend as one-token decoding does (only keep=0 verifies once wrapped)"
+            )
+    return None
+
+
+def tree_mask(
+    cache, tree: DraftTree, window_size: Optional[int], start: int = 0
+) -> mx.array:
+    """The bool mask [n - start, history + n] for this cache's keys after
+    the verify update: history keys at positions offset-history..offset-1,
+    then the n tree nodes at ``offset + depth``; the rows of nodes
+    ``start..n-1`` (nodes before ``start`` are already in the cache, written
+    by an earlier verify of the same tree). A RotatingKVCache keeps fewer keys
+    than its offset once wrapped, and always means a window of at most
+    max_size (``start`` > 0 is refused on it before anything runs)."""
+    if isinstance(cache, RotatingKVCache):
+        history = rotating_kept(cache)
+        window = window_size or cache.max_size
+        offset = cache.offset
+    else:
+        offset = history = cache.offset - start
+        window = window_size
+    mask = tree.mask(offset, window, history=history)
+    return mask[start:] if start else mask
+
+
+MaskFn = Callable[[object, int, Optional[int]], mx.array]
+
+
+# ---------------------------------------------------------------------------
+# Injection
+# ---------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+@contextmanager
+def injected(
+    model: nn.Module,
+    caches: Sequence,
+    depths: mx.array,
+    mask_fn: MaskFn,
+    rope_attr: str = "rope",
+    owners: Optional[list] = None,
+):
+    """For the duration of the block: every attention cache in ``caches``
+    answers ``make_mask(N, ...)`` with ``mask_fn(cache, N, window_size)``,
+    and every ``rope`` in ``model`` rotates token t by ``offset + depths[t]``.
+
+    ``depths`` and ``mask_fn`` are explicit (not a tree) so a test can inject
+    deliberately wrong positions or masks and watch the exactness suite fail.
+    Instance-level only; restored in a ``finally`` even if the forward raises.
+    ``owners`` (from :func:`rope_owners`) saves walking the model again.
+    Yields a probe: ``probe()`` raises if no rope or no mask was reached (a
+    family that computes either elsewhere would be silently wrong). Not every
+    rope must run: cohere2's global layers hold a rope they never call.
+    """
+    depths = mx.array(depths, dtype=mx.int32)
+    attention = [c for c in caches if isinstance(c, ATTENTION_CACHES)]
+    saved_masks = []
+    saved_ropes = []
+    wrappers = []
+    mask_calls = [0]
+
+    def make_override(cache):
+        def make_mask(N, window_size=None, return_array=False, **_):
+            mask_calls[0] += 1
+            return mask_fn(cache, N, window_size)
+
+        return make_mask
+
+    try:
+        for c in attention:
+            saved_masks.append((c, c.__dict__.get("make_mask", _MISSING)))
+            c.make_mask = make_override(c)
+        if owners is None:
+            owners = rope_owners(model, rope_attr)
+        for _, owner in owners:
+            wrapper = TreeRoPE(owner[rope_attr], depths)
+            saved_ropes.append((owner, owner[rope_attr]))
+            setattr(owner, rope_attr, wrapper)
+            wrappers.append(wrapper)
+
+        def probe():
+            rope_calls = sum(w._calls for w in wrappers)
+            if attention and (rope_calls == 0 or mask_calls[0] == 0):
+                raise RuntimeError(
+                    f"tree injection bypassed: {rope_calls} rope call(s), "
+                    f"{mask_calls[0]} make_mask call(s); this family does not route "
+                    "positions and masks through self.rope and cache.make_mask"
+                )
+
+        yield probe
+    finally:
+        for owner, rope in reversed(saved_ropes):
+            setattr(owner, rope_attr, rope)
+        for c, prev in reversed(saved_masks):
+            if prev is _MISSING:
+                c.__dict__.pop("make_mask", None)
+            else:
+                c.make_mask = prev
+
+
+def tree_injected(
+    model: nn.Module,
+    caches: Sequence,
+    tree: DraftTree,
+    rope_attr="rope",
+    owners=None,
+    start: int = 0,
+):
+    """:func:`injected` with the tree's depths and masks, for a forward over
+    the nodes ``start..n-1`` (the cache already holding nodes 0..start-1).
+    The model hands its rope ``cache.offset``, which then counts the
+    ``start`` cached nodes too: node i sits at that minus start plus depth."""
+    return injected(
+        model,
+        caches,
+        tree.depths()[start:] - start,
+        lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start),
+        rope_attr,
+        owners,
+    )
+
+
+def _checked_tree_mask(cache, tree, N, window, start):
+    if N != len(tree) - start:
+        raise RuntimeError(
+            f"make_mask asked for {N} queries, the tree feeds {len(tree) - start}"
+        )
+    return tree_mask(cache, tree, window, start)
