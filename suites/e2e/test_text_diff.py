@@ -1,0 +1,95 @@
+"""Contract 9: at temperature 0, chain and tree speculative decoding emit
+byte-identical text to mlx-lm's own greedy generation, through checkpoints
+saved to disk and loaded with ``mlx_lm.load`` the way users run them.
+
+Texts, token ids and round statistics are golden snapshots (golden/e2e/):
+a kernel or code change that moves them fails here until reviewed with
+``--snapshot-update``."""
+
+import mlx_lm
+import pytest
+
+from treespec import zoo
+from treespec.decode import decode, detokenize
+
+pytestmark = pytest.mark.exactness
+
+MODES = {
+    "chain-b2": dict(mode="chain", block=2),
+    "chain-b5": dict(mode="chain", block=5),
+    "tree-fixed-2x2x1": dict(mode="tree", branching=[2, 2, 1]),
+    "tree-confidence-b6": dict(mode="tree", budget=6, width=3),
+}
+PROMPTS = {
+    "prose": "The target model verifies a whole tree",
+    "code": "def main(): return print(",
+    "utf8": "grüße aus München, café",
+}
+# Longer than every zoo sliding window (8 and 16) plus the prompt, so runs
+# cross the window and keep decoding on a wrapped ring.
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module", params=zoo.FAMILIES)
+def pair(request):
+    family = request.param
+    target, tokenizer = mlx_lm.load(str(zoo.checkpoint(family)))
+    draft, draft_tokenizer = mlx_lm.load(str(zoo.drafter_checkpoint(family)))
+    assert draft_tokenizer.get_vocab() == tokenizer.get_vocab()
+    return family, target, draft, tokenizer
+
+
+_classic = {}
+
+
+def classic_text(family, target, tokenizer, prompt):
+    """mlx-lm's generate, greedy (its default sampler), computed once."""
+    key = (family, prompt)
+    if key not in _classic:
+        _classic[key] = mlx_lm.generate(target, tokenizer, prompt=prompt, max_tokens=MAX_TOKENS)
+    return _classic[key]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS.values(), ids=PROMPTS.keys())
+@pytest.mark.parametrize("mode", MODES.values(), ids=MODES.keys())
+def test_speculative_text_is_byte_identical_to_mlx_lm_generate(pair, mode, prompt, snapshot):
+    family, target, draft, tokenizer = pair
+    expected = classic_text(family, target, tokenizer, prompt)
+    result = decode(target, tokenizer.encode(prompt), draft_model=draft,
+                    max_tokens=MAX_TOKENS, eos_token_ids=list(tokenizer.eos_token_ids), **mode)
+    text = detokenize(tokenizer, result.tokens)
+    assert text.encode() == expected.encode()
+    stats = result.stats.summary()
+    assert snapshot == {
+        "text": text,
+        "tokens": result.tokens,
+        "rounds": stats["rounds"],
+        "proposed": stats["proposed"],
+        "accepted": stats["accepted"],
+        "zero/partial/full": [stats["zero_accept_rounds"], stats["partial_accept_rounds"],
+                              stats["full_accept_rounds"]],
+        "per_depth_accepted": stats["depth_accepted"],
+    }
+
+
+@pytest.mark.parametrize("prompt", PROMPTS.values(), ids=PROMPTS.keys())
+def test_classic_decode_is_mlx_lms_generate(pair, prompt):
+    family, target, _, tokenizer = pair
+    result = decode(target, tokenizer.encode(prompt), mode="classic", max_tokens=MAX_TOKENS,
+                    eos_token_ids=list(tokenizer.eos_token_ids))
+    assert detokenize(tokenizer, result.tokens) == classic_text(family, target, tokenizer, prompt)
+
+
+def test_every_family_sees_zero_partial_and_full_accept_rounds(pair):
+    """The text diff means little if no round ever rejected or fully
+    accepted: check the runs above exercise all three."""
+    _, target, draft, tokenizer = pair
+    seen = [0, 0, 0]
+    for mode in MODES.values():
+        for prompt in PROMPTS.values():
+            s = decode(target, tokenizer.encode(prompt), draft_model=draft,
+                       max_tokens=MAX_TOKENS, **mode).stats
+            for i, n in enumerate((s.zero_accept_rounds, s.partial_accept_rounds,
+                                   s.full_accept_rounds)):
+                seen[i] += n
+    assert all(seen), f"zero/partial/full accept rounds: {seen}"

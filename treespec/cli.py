@@ -1,0 +1,170 @@
+"""`treespec generate | bench | audit`."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _ints(text: str):
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+class CliError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def load_checkpoint(path, role: str):
+    from mlx_lm import load
+
+    p = Path(path)
+    if not p.is_dir() or not (p / "config.json").exists():
+        raise CliError(f"--{role} {path}: not an mlx-lm checkpoint directory "
+                       f"(no config.json there)")
+    try:
+        return load(str(p))
+    except Exception as e:  # mlx-lm raises many kinds; name the path and role
+        raise CliError(f"--{role} {path}: mlx_lm.load failed: {type(e).__name__}: {e}")
+
+
+PAIR = Path(__file__).parent / "pair"
+
+
+def default_pair():
+    """The built-in pair, shipped in the package: a target and drafter trained
+    on the Python standard library (treespec/pair/README.md). No downloads."""
+    return PAIR / "target", PAIR / "draft"
+
+
+def check_same_tokenizer(tok_a, tok_b, model_a, model_b):
+    va, vb = tok_a.get_vocab(), tok_b.get_vocab()
+    if va != vb:
+        only = sorted(set(va) ^ set(vb))[:5]
+        raise CliError(f"the draft model's tokenizer differs from the target's "
+                       f"({len(va)} vs {len(vb)} entries; e.g. {only}); speculative "
+                       f"decoding needs one shared tokenizer")
+    ea = model_a.args.vocab_size if hasattr(model_a, "args") else None
+    eb = model_b.args.vocab_size if hasattr(model_b, "args") else None
+    if ea is not None and eb is not None and ea != eb:
+        raise CliError(f"vocabulary sizes differ: target {ea}, draft {eb}")
+
+
+def cmd_generate(args) -> int:
+    import mlx.core as mx
+
+    from .decode import decode
+    from .verify import TreeRefused
+
+    model_path, draft_path = args.model, args.draft_model
+    if model_path is None:
+        if draft_path is not None:
+            raise CliError("--draft-model given without --model")
+        model_path, draft_path = default_pair()
+    target, tokenizer = load_checkpoint(model_path, "model")
+    draft = None
+    if args.mode != "classic":
+        if draft_path is None:
+            raise CliError(f"--mode {args.mode} needs --draft-model")
+        draft, draft_tok = load_checkpoint(draft_path, "draft-model")
+        check_same_tokenizer(tokenizer, draft_tok, target, draft)
+    prompt = tokenizer.encode(args.prompt)
+    try:
+        result = decode(target, prompt, mode=args.mode, draft_model=draft,
+                        max_tokens=args.max_tokens,
+                        eos_token_ids=list(tokenizer.eos_token_ids),
+                        block=args.block, branching=args.tree_branching,
+                        parents=args.tree_parents, budget=args.budget, width=args.width,
+                        allow_inexact=args.allow_inexact)
+    except TreeRefused as e:
+        raise CliError(f"the target refuses tree verification: {e}")
+    eos = set(tokenizer.eos_token_ids)
+    text = tokenizer.decode([t for t in result.tokens if t not in eos])
+    summary = result.stats.summary()
+    summary["model"], summary["draft_model"] = str(model_path), draft_path and str(draft_path)
+    summary["device"] = str(mx.default_device())
+    try:
+        from .blas import describe, detect
+
+        summary["blas"] = describe(detect())
+    except ImportError:
+        pass
+    if args.json:
+        print(json.dumps({"text": text, "tokens": result.tokens, "diagnostics": summary}))
+    else:
+        print(text)
+        print("--")
+        print(format_diagnostics(summary))
+    return 0
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items())
+    return str(v)
+
+
+def format_diagnostics(summary: dict) -> str:
+    """One line per field; the inexact warning, when there is one, first."""
+    lines = []
+    gate = summary.get("gate") or {}
+    if gate and not gate.get("exact"):
+        lines.append(f"WARNING: {gate.get('reason')}")
+    for k, v in summary.items():
+        if k == "gate" and v:
+            v = f"{'exact' if v['exact'] else 'INEXACT'}; {v['reason']}"
+        lines.append(f"{k}: {_fmt(v)}")
+    return "\n".join(lines)
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="treespec", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="decode a prompt (classic, chain or tree)")
+    g.add_argument("--model", help="target mlx-lm checkpoint directory (default: the zoo pair)")
+    g.add_argument("--draft-model", help="draft mlx-lm checkpoint directory")
+    g.add_argument("--mode", choices=("classic", "chain", "tree"), default="chain",
+                   help="tree drafting is off unless asked for (default: chain)")
+    g.add_argument("--block", type=int, default=4, help="chain verify width (drafts + 1)")
+    g.add_argument("--tree-branching", type=_ints, default=None,
+                   help="fixed tree: children per node at each depth, e.g. 3,2,1")
+    g.add_argument("--tree-parents", type=_ints, default=None,
+                   help="fixed tree: explicit parent list, e.g. -1,0,0,1")
+    g.add_argument("--budget", type=int, default=None,
+                   help="confidence tree: draft nodes per round (default: block - 1)")
+    g.add_argument("--width", type=int, default=4, help="confidence tree: top-k per expansion")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--prompt", default="def fibonacci(n):\n    ")
+    g.add_argument("--json", action="store_true", help="one JSON object: text, tokens, diagnostics")
+    g.add_argument("--allow-inexact", action="store_true",
+                   help="run chain/tree even where the exactness probe found differences")
+    g.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
+                   help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
+    g.set_defaults(func=cmd_generate)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "blas", "auto") != "auto":
+            from .blas import BlasUnavailable, ensure_blas
+
+            try:
+                ensure_blas(args.blas)  # may re-execute this very command
+            except BlasUnavailable as e:
+                raise CliError(str(e))
+        return args.func(args)
+    except CliError as e:
+        print(f"treespec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
