@@ -147,6 +147,11 @@ def build_parser():
     g.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
     g.set_defaults(func=cmd_generate)
+    # Each other command lives in its own module and adds its own parser.
+    from . import audit, bench
+
+    audit.add_parser(sub)
+    bench.add_parser(sub)
     return ap
 
 

@@ -142,14 +142,19 @@ def _chain_logits(model, context, tree) -> Dict[int, mx.array]:
     return out
 
 
+def vocab_size(model) -> int:
+    """The width of the model's logits (configs spell it differently, and
+    multimodal wrappers nest it), read off one forward."""
+    return int(model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1])
+
+
 def compare_shape(model, parents: Sequence[int], draws: int = DRAWS, seed: int = 0,
                   context: int = CONTEXT) -> ShapeResult:
     adapter = adapter_for(model)
-    vocab = model.args.vocab_size if hasattr(model, "args") else None
+    v = vocab_size(model)
     identical, worst, flips, first = True, 0.0, 0, None
     for d in range(draws):
         rng = random.Random(hash((seed, d, len(parents))) & 0xFFFFFFFF)
-        v = vocab or 256
         ctx = [rng.randrange(v) for _ in range(context)]
         tree = DraftTree([rng.randrange(v) for _ in parents], parents)
         cache = _prefill(model, ctx)

@@ -185,6 +185,10 @@ class Captures:
 
     def __init__(self):
         self.calls = []
+        # Set by a tree-aware recurrence that kept every node's state during
+        # the same verify (treespec.verify.gdn_tree.TreeGatedDelta): commit
+        # then copies the last path node's state instead of replaying.
+        self.tree_states = None
 
     def calls_for(self, cache) -> list:
         return [call[1:] for call in self.calls if call[0] is cache]
@@ -425,6 +429,16 @@ def _plan_recurrent(c, where, tail, entry, recurrent):
             where,
             f"captured {len(calls)} calls of its mixer, expected exactly the verify's one",
         )
+    kept = _kept_states(c, recurrent, tail)
+    if kept is not None:
+        states, commit_node = kept
+
+        def apply_kept():
+            c.cache, c.left_padding, c.lengths = list(arrays0), left_padding0, lengths0
+            commit_node(c, states, int(tail.path[-1]))
+            return [a for a in c.cache if a is not None]
+
+        return apply_kept
     layer, name, args, kwargs = calls[0]
     module = getattr(layer, name)
     if isinstance(module, _Recorder):
@@ -446,6 +460,22 @@ def _plan_recurrent(c, where, tail, entry, recurrent):
         return [a for a in c.cache if a is not None]
 
     return apply
+
+
+def _kept_states(c, recurrent, tail):
+    """(states, commit) when the verify kept this layer's per-node states,
+    validated now (before anything is written); None means replay."""
+    strategy = getattr(recurrent, "tree_states", None)
+    if strategy is None or tail.n == 1:
+        return None
+    try:
+        states = strategy.states_for(c)
+    except ValueError:
+        return None  # this layer's states were not kept: the replay is exact too
+    states.node(int(tail.path[-1]))  # raises on a node the tree does not have
+    from .verify.gdn_tree import commit
+
+    return states, commit
 
 
 def _plan_list(c, where, tail, entry, recurrent):

@@ -20,7 +20,7 @@ from suites.verify.support import HYBRID, clone, snapshot
 from suites.verify.test_root_paths import assert_rows_are_root_path_forwards
 from treespec import zoo
 from treespec.tree import DraftTree
-from treespec.verify import TreeRefused, adapter_for
+from treespec.verify import ChainOnly, TreeRefused, adapter_for
 
 pytestmark = pytest.mark.exactness
 
@@ -43,10 +43,14 @@ def test_tree_refused_is_a_value_error():
 
 @pytest.mark.parametrize("family", HYBRID)
 @pytest.mark.parametrize("offset", [0, 5])
-def test_a_branching_tree_on_a_hybrid_model_is_refused_and_caches_unchanged(family, offset):
+def test_a_branching_tree_through_a_chain_only_recurrence_is_refused_and_caches_unchanged(
+    family, offset
+):
+    # The default for gated-delta layers is the tree-aware recurrence
+    # (suites/hybrid); a recurrence without one must refuse, never flatten.
     model = support.model(family)
     cache = support.history(offset).replay(model)
-    adapter = adapter_for(model)
+    adapter = adapter_for(model, recurrent=ChainOnly("GatedDeltaNet"))
     adapter.check(DraftTree.linear([1, 2, 3]), cache)  # chains are fine
     err = assert_refused_untouched(adapter, BRANCHING, cache, "GatedDeltaNet", "branching")
     assert err.family == family

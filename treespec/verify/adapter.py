@@ -248,6 +248,8 @@ class TreeAdapter:
         if rollback is None:
             raise NotImplementedError("treespec.rollback is not available")
         _, offset, _, snap, captures = self._last
+        if captures is not None and hasattr(self.recurrent, "states_for"):
+            captures.tree_states = self.recurrent  # commit copies kept states, no replay
         committed = rollback.commit_path(
             cache, offset, path, tree, snapshot=snap, recurrent=captures
         )

@@ -4,6 +4,8 @@ A recurrence (GatedDeltaNet, Mamba) reads its inputs in sequence order. Fed a
 flattened tree it folds siblings into each other's state: wrong by 3-5 in the
 logits (DESIGN.md), silently. A chain is exact: the flattened chain *is* the
 sequence. So the default strategy verifies linear trees and refuses the rest.
+treespec registers the tree-aware GatedDeltaNet (treespec.verify.gdn_tree)
+for ``gated_delta`` by default; ``ChainOnly`` stays for other recurrences.
 
 The hook: a tree-aware layer (one that starts each node's state from its
 parent's, and takes its conv window from its ancestors) registers a strategy
@@ -60,18 +62,28 @@ class ChainOnly:
         yield
 
 
+def _tree_gated_delta():
+    from .gdn_tree import TreeGatedDelta
+
+    return TreeGatedDelta()
+
+
+# Factories, not instances: a strategy holds the per-node states of its
+# adapter's last verify, so a target and its drafter must never share one.
 _RECURRENT = {
-    "gated_delta": ChainOnly("GatedDeltaNet"),
+    "gated_delta": _tree_gated_delta,
 }
 
 
-def register_recurrent(kind: str, strategy: RecurrentStrategy) -> None:
+def register_recurrent(kind: str, strategy) -> None:
     """Make ``strategy`` handle every recurrent layer of ``kind`` in adapters
-    created from now on (``adapter_for``)."""
-    _RECURRENT[kind] = strategy
+    created from now on (``adapter_for``). ``strategy`` is a zero-argument
+    factory returning a fresh strategy per adapter, or a strategy object
+    (then shared by every adapter: only for stateless strategies)."""
+    _RECURRENT[kind] = strategy if not hasattr(strategy, "refusal") else (lambda: strategy)
 
 
 def recurrent_strategy(kind: str) -> RecurrentStrategy:
     if kind not in _RECURRENT:
         raise KeyError(f"no recurrent strategy for {kind!r}; known: {sorted(_RECURRENT)}")
-    return _RECURRENT[kind]
+    return _RECURRENT[kind]()

@@ -1,0 +1,224 @@
+"""Test-side plumbing for the hybrid suite: models and mixers of every
+gated-delta family, cache snapshots and comparisons, the verify call, and the
+attention-side commit (a row gather) the recurrent commit is checked with."""
+
+from contextlib import contextmanager
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, KVCache
+
+from treespec.tree import DraftTree  # noqa: F401  (re-exported for the tests)
+from treespec.verify.gdn_tree import recurrent_mixers
+
+FAMILIES = ("qwen3_5", "qwen3_next")
+
+
+_MODELS = {}
+
+
+def build(family, dtype="float32", bits=None, seed=0):
+    """The zoo model (built once per process)."""
+    key = (family, dtype, bits, seed)
+    if key not in _MODELS:
+        from treespec import zoo
+
+        _MODELS[key] = zoo.build(family, dtype=dtype, bits=bits, seed=seed)
+    return _MODELS[key]
+
+
+# -- caches -------------------------------------------------------------------
+
+
+def snapshot(cache):
+    """An independent copy of a prompt cache: later writes to either side
+    (KVCache writes its buffer in place) do not reach the other."""
+    out = []
+    for c in cache:
+        if isinstance(c, ArraysCache):
+            n = ArraysCache(len(c.cache))
+            n.cache = list(c.cache)  # the layer replaces these, never mutates
+            n.left_padding = None if c.left_padding is None else mx.array(c.left_padding)
+            n.lengths = None if c.lengths is None else mx.array(c.lengths)
+        elif isinstance(c, KVCache):
+            n = KVCache()
+            if c.keys is not None:
+                n.keys = mx.contiguous(c.keys[..., : c.offset, :])
+                n.values = mx.contiguous(c.values[..., : c.offset, :])
+                n.offset = c.offset
+        else:
+            raise TypeError(f"no snapshot for {type(c).__name__}")
+        out.append(n)
+    mx.eval([a for c in out for a in _arrays(c)])
+    return out
+
+
+def _arrays(c):
+    if isinstance(c, ArraysCache):
+        arrs = [a for a in c.cache if a is not None]
+        arrs += [a for a in (c.left_padding, c.lengths) if a is not None]
+        return arrs
+    return [a for a in (c.keys, c.values) if a is not None]
+
+
+def same_arrays_cache(a, b):
+    """Every field of two ArraysCaches, bit for bit."""
+    if len(a.cache) != len(b.cache):
+        return False
+    for x, y in zip(a.cache, b.cache):
+        if (x is None) != (y is None):
+            return False
+        if x is not None and (x.shape != y.shape or x.dtype != y.dtype or not mx.array_equal(x, y).item()):
+            return False
+    for x, y in ((a.left_padding, b.left_padding), (a.lengths, b.lengths)):
+        if (x is None) != (y is None):
+            return False
+        if x is not None and not mx.array_equal(x, y).item():
+            return False
+    return True
+
+
+def same_kv(a, b):
+    if a.offset != b.offset:
+        return False
+    if a.keys is None or b.keys is None:
+        return a.keys is None and b.keys is None
+    ka, va = a.keys[..., : a.offset, :], a.values[..., : a.offset, :]
+    kb, vb = b.keys[..., : b.offset, :], b.values[..., : b.offset, :]
+    return mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()
+
+
+def prefill(model, tokens):
+    """The model's cache after ``tokens`` (fresh and empty when there are none)."""
+    cache = model.make_cache()
+    if not tokens:
+        return cache
+    model(mx.array(tokens)[None], cache=cache)
+    mx.eval([a for c in cache for a in _arrays(c)])
+    return cache
+
+
+# -- verify -------------------------------------------------------------------
+
+
+class Flattened:
+    """A recurrent strategy that lets a branching tree through the unmodified
+    recurrence: the silent corruption the suite must catch."""
+
+    name = "flattened (deliberately wrong)"
+
+    def refusal(self, model, caches, tree):
+        return None
+
+    @contextmanager
+    def inject(self, model, caches, tree):
+        yield
+
+
+def verify(model, tree, cache, strategy):
+    """Logits [n, V] of one verify forward over the tree through the verify
+    adapter (tree mask and depth positions into attention), with ``strategy``
+    for the recurrent layers."""
+    from treespec.verify import adapter_for
+
+    logits = adapter_for(model, recurrent=strategy).verify(tree, cache)
+    mx.eval(logits)
+    return logits
+
+
+def commit_kv(cache, tree, node, offsets):
+    """Gather the accepted path's keys/values to ``off0 .. off0+L-1``."""
+    path = tree.path_to(node)
+    for c, off in zip(cache, offsets):
+        if not isinstance(c, KVCache):
+            continue
+        idx = mx.array([off + p for p in path])
+        keys = mx.concatenate([c.keys[..., :off, :], mx.take(c.keys, idx, axis=2)], axis=2)
+        vals = mx.concatenate([c.values[..., :off, :], mx.take(c.values, idx, axis=2)], axis=2)
+        c.keys, c.values, c.offset = keys, vals, off + len(path)
+
+
+def path_logits(model, cache, tokens):
+    """Plain forward over ``tokens`` on a snapshot of ``cache``: the last
+    position's logits and the cache that saw only those tokens."""
+    c = snapshot(cache)
+    logits = model(mx.array(tokens)[None], cache=c)
+    mx.eval(logits)
+    return logits[0, -1], c
+
+
+# -- mixers of every gated-delta family, for the layer-level tests ---------------
+
+LAYER_FAMILIES = ("qwen3_5", "qwen3_next", "olmo_hybrid", "kimi_linear", "kimi_k3", "bailing_moe_v3")
+D_MODEL = 64
+
+
+def _built_mixer(family, seed=0):
+    from types import SimpleNamespace as NS
+
+    from mlx_lm.models import bailing_moe_v3, kimi_k3, kimi_linear, olmo_hybrid
+
+    mx.random.seed(seed)
+    if family == "olmo_hybrid":
+        m = olmo_hybrid.GatedDeltaNet(
+            NS(hidden_size=D_MODEL, linear_num_value_heads=4, linear_num_key_heads=2,
+               linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+               linear_allow_neg_eigval=True, layer_norm_epsilon=1e-5)
+        )
+    elif family == "kimi_linear":
+        m = kimi_linear.KimiDeltaAttention(
+            NS(hidden_size=D_MODEL, rms_norm_eps=1e-5,
+               linear_attn_config=dict(num_heads=4, head_dim=16, short_conv_kernel_size=4)), 0
+        )
+    elif family == "kimi_k3":
+        m = kimi_k3.KimiK3DeltaAttention(
+            NS(hidden_size=D_MODEL, rms_norm_eps=1e-5,
+               linear_attn_config=dict(num_heads=4, head_dim=16, short_conv_kernel_size=4,
+                                       gate_lower_bound=-5.0)), 0
+        )
+    elif family == "bailing_moe_v3":
+        m = bailing_moe_v3.BailingKDA(
+            NS(hidden_size=D_MODEL, rms_norm_eps=1e-5, no_kda_lora=True, kda_safe_gate=True,
+               num_attention_heads=4, head_dim=16, short_conv_kernel_size=4, kda_lower_bound=-5.0)
+        )
+    else:
+        raise ValueError(family)
+    # Their A_log / dt_bias init to constants; spread them so the gates vary.
+    m.A_log = 0.5 * mx.random.normal(m.A_log.shape)
+    m.dt_bias = 0.5 * mx.random.normal(m.dt_bias.shape)
+    m.eval()
+    mx.eval(m.parameters())
+    return m
+
+
+_MIXER_CACHE = {}
+
+
+def mixer(family):
+    """A gated-delta mixer of ``family`` (the zoo model's first one for the
+    Qwen families) and its number of ArraysCache slots."""
+    if family not in _MIXER_CACHE:
+        if family in FAMILIES:
+            model = build(family)
+            i, layer, attr = recurrent_mixers(model)[0]
+            m = getattr(layer, attr)
+            slots = len(model.make_cache()[i].cache)
+        else:
+            m = _built_mixer(family)
+            slots = 2 if family == "kimi_k3" else 4
+        _MIXER_CACHE[family] = (m, slots)
+    return _MIXER_CACHE[family]
+
+
+def mixer_cache(m, slots, prefix_len, seed):
+    """An ArraysCache after ``prefix_len`` inputs (empty when 0)."""
+    cache = ArraysCache(slots)
+    if prefix_len:
+        x = mx.random.normal((1, prefix_len, D_MODEL), key=mx.random.key(seed))
+        m(x, None, cache)
+        mx.eval(cache.cache)
+    return cache
+
+
+def mismatched(a, b):
+    """Indices along axis 0 where two stacks differ (any bit)."""
+    return [i for i in range(a.shape[0]) if not mx.array_equal(a[i], b[i]).item()]

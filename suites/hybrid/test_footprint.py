@@ -1,0 +1,158 @@
+"""Memory bound of the tree-aware recurrence: per-node states cost
+4 Hv Dv Dk bytes (float32 recurrent state) plus the conv windows, per node
+and per recurrent layer. Trees over the limit are refused before anything is
+written, and the refusal says how big, what limit, and how to raise it."""
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import ArraysCache
+
+from suites.hybrid import _harness as H
+from treespec.tree import DraftTree
+from treespec.verify.gdn_tree import (
+    DEFAULT_MAX_TREE_STATE_BYTES,
+    MAX_BYTES_ENV,
+    TreeGatedDelta,
+    TreeGatedDeltaNet,
+    TreeRefused,
+    _parse_bytes,
+    check_tree_footprint,
+    footprint_breakdown,
+    recurrent_mixers,
+    state_footprint,
+    tree_recurrence,
+)
+
+pytestmark = pytest.mark.exactness
+
+# Qwen3.5-27B text config (Qwen/Qwen3.5-27B config.json, text_config; the
+# same values as the Qwen3.6-27B model card: hidden 5120, 64 layers laid out
+# 16 x (3 GatedDeltaNet + 1 gated attention), linear heads V 48 / QK 16, head
+# dim 128), bf16 activations.
+QWEN35_27B = {
+    "model_type": "qwen3_5",
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "dtype": "bfloat16",
+        "hidden_size": 5120,
+        "num_hidden_layers": 64,
+        "full_attention_interval": 4,
+        "linear_num_value_heads": 48,
+        "linear_num_key_heads": 16,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+    },
+}
+
+MiB = 1024**2
+
+
+def test_qwen35_27b_footprint_table():
+    info = footprint_breakdown(QWEN35_27B, 1)
+    assert info["recurrent_layers"] == 48  # 48 of 64 layers are recurrent
+    assert info["recurrent_bytes_per_node"] == 48 * 4 * 48 * 128 * 128  # 144 MiB
+    assert info["recurrent_bytes_per_node"] == 144 * MiB
+    # conv windows: (K-1) x (2 Hk Dk + Hv Dv) bf16 per layer, 60 KiB
+    assert info["conv_bytes_per_node"] == 48 * 3 * (2 * 16 * 128 + 48 * 128) * 2
+    table = {n: state_footprint(QWEN35_27B, n) for n in (8, 16, 64)}
+    assert table == {8: 1_231_552_512, 16: 2_463_105_024, 64: 9_852_420_096}
+    # with the default 2 GiB limit, 8 nodes pass and 16 are refused
+    assert check_tree_footprint(QWEN35_27B, 8, DEFAULT_MAX_TREE_STATE_BYTES) == table[8]
+    with pytest.raises(TreeRefused):
+        check_tree_footprint(QWEN35_27B, 16, DEFAULT_MAX_TREE_STATE_BYTES)
+
+
+def test_the_config_and_the_model_agree():
+    from treespec import zoo
+
+    for fam in H.FAMILIES:
+        model = H.build(fam)
+        assert footprint_breakdown(model, 5) == footprint_breakdown(zoo.config(fam), 5)
+
+
+def test_limit_from_the_environment(monkeypatch):
+    monkeypatch.setenv(MAX_BYTES_ENV, "3GiB")
+    assert check_tree_footprint(QWEN35_27B, 16) == 2_463_105_024
+    monkeypatch.setenv(MAX_BYTES_ENV, "2147483648")
+    with pytest.raises(TreeRefused, match=MAX_BYTES_ENV):
+        check_tree_footprint(QWEN35_27B, 16)
+    assert _parse_bytes("512M") == 512 * MiB and _parse_bytes("2gib") == 2 * 1024**3
+
+
+def _state(model, cache):
+    """Identity of every array and every scalar a verify could write."""
+    out = []
+    for c in cache:
+        if isinstance(c, ArraysCache):
+            out.append(("arrays", tuple(id(a) for a in c.cache), c.left_padding, c.lengths))
+        else:
+            out.append(("kv", id(c.keys), id(c.values), c.offset))
+    mixers = tuple(id(getattr(l, a)) for _, l, a in recurrent_mixers(model))
+    return out, mixers
+
+
+@pytest.mark.parametrize("family", H.FAMILIES)
+@pytest.mark.parametrize("how", ["limit", "env"])
+def test_refusal_fires_before_anything_is_written(family, how, monkeypatch):
+    model = H.build(family)
+    cache = H.prefill(model, [3, 1, 4, 1, 5])
+    snap = H.snapshot(cache)
+    tree = DraftTree([9, 2, 6, 5, 3], [-1, 0, 0, 1, 1])
+    need = footprint_breakdown(model, len(tree))["total_bytes"]
+    if how == "env":
+        monkeypatch.setenv(MAX_BYTES_ENV, str(need - 1))
+        strategy = TreeGatedDelta()
+    else:
+        strategy = TreeGatedDelta(limit=need - 1)
+    before = _state(model, cache)
+    with pytest.raises(TreeRefused) as err:
+        H.verify(model, tree, cache, strategy)
+    msg = str(err.value)
+    assert f"{need} bytes" in msg and f"limit of {need - 1} bytes" in msg and MAX_BYTES_ENV in msg
+    assert _state(model, cache) == before
+    for a, b in zip(cache, snap):
+        assert H.same_arrays_cache(a, b) if isinstance(a, ArraysCache) else H.same_kv(a, b)
+    assert strategy._last is None
+    # exactly at the limit it runs
+    strategy = TreeGatedDelta(limit=need)
+    H.verify(model, tree, cache, strategy)
+
+
+def test_tree_recurrence_refuses_and_restores():
+    model = H.build("qwen3_5")
+    cache = H.prefill(model, [1, 2])
+    tree = DraftTree([1, 2, 3], [-1, 0, 0])
+    before = _state(model, cache)
+    with pytest.raises(TreeRefused):
+        with tree_recurrence(model, tree, cache, limit=1):
+            pass
+    assert _state(model, cache) == before
+    # an error inside the block still puts the original mixers back
+    with pytest.raises(RuntimeError):
+        with tree_recurrence(model, tree, cache):
+            assert all(isinstance(getattr(l, a), TreeGatedDeltaNet) for _, l, a in recurrent_mixers(model))
+            raise RuntimeError("boom")
+    assert _state(model, cache) == before
+
+
+def test_the_adapter_hook_registers():
+    from treespec.verify import adapter_for, recurrent as rec
+    from treespec.verify.gdn_tree import register
+
+    saved = rec._RECURRENT.get("gated_delta")
+    try:
+        strategy = register()
+        model = H.build("qwen3_5")
+        assert adapter_for(model).recurrent is strategy
+        cache = H.prefill(model, [7, 7])
+        logits = adapter_for(model).verify(DraftTree([1, 2, 3], [-1, 0, 0]), cache)
+        assert logits.shape[0] == 3 and strategy._last is not None
+        assert len(strategy.states_for(cache[0])) == 3
+        with pytest.raises(ValueError):
+            strategy.states_for(cache[3])  # the attention layer's KVCache
+        strategy.commit(cache, [0, 2])
+        assert strategy._last is None
+    finally:
+        rec._RECURRENT["gated_delta"] = saved
+    mx.eval(logits)

@@ -1,0 +1,190 @@
+"""Tree-aware gated-delta recurrence at the layer level, for every mlx-lm
+family whose recurrent mixer calls ``gated_delta_update``.
+
+Reference: the unmodified mixer run over one node's root path, as a plain
+forward, from the same cache state. Everything is compared bit for bit."""
+
+import mlx.core as mx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mlx_lm.models.cache import ArraysCache
+
+from suites.hybrid import _harness as H
+from suites.strategies import branching_trees, trees
+from treespec.tree import DraftTree
+from treespec.verify.gdn_tree import (
+    TreeGatedDeltaNet,
+    TreeRefused,
+    _slots_fn,
+    commit,
+    tree_mixer_forward,
+)
+
+pytestmark = pytest.mark.exactness
+
+
+def _copy(cache):
+    c = ArraysCache(len(cache.cache))
+    c.cache = list(cache.cache)
+    c.left_padding = None if cache.left_padding is None else mx.array(cache.left_padding)
+    c.lengths = None if cache.lengths is None else mx.array(cache.lengths)
+    return c
+
+
+def _plain(m, x, cache):
+    """A plain forward as the model makes it: mask from the cache."""
+    return m(x, cache.make_mask(x.shape[1]), cache)
+
+
+@pytest.mark.parametrize("family", H.LAYER_FAMILIES)
+@settings(max_examples=80)
+@given(tree=trees(max_nodes=24), prefix=st.integers(0, 6), seed=st.integers(0, 2**16))
+def test_every_node_equals_a_plain_forward_over_its_root_path(family, tree, prefix, seed):
+    m, slots = H.mixer(family)
+    cache = H.mixer_cache(m, slots, prefix, seed)
+    before = list(cache.cache)
+    x = mx.random.normal((1, len(tree), H.D_MODEL), key=mx.random.key(seed + 1))
+    out, states = tree_mixer_forward(m, x, tree, cache)
+    mx.eval(out, states.arrays())
+    assert all(a is b for a, b in zip(cache.cache, before)), "the tree forward wrote the cache"
+    refs, bad_state = [], []
+    for i in range(len(tree)):
+        c = _copy(cache)
+        refs.append(_plain(m, x[:, tree.path_to(i)], c)[0, -1])
+        for a, b in zip(c.cache, states.node(i)):
+            if a.shape != b.shape or not mx.array_equal(a, b).item():
+                bad_state.append(i)
+    assert H.mismatched(mx.stack(refs), out[0]) == [], "node outputs differ from their paths"
+    assert bad_state == [], "per-node states differ from their paths"
+
+
+@pytest.mark.parametrize("family", H.LAYER_FAMILIES)
+def test_the_per_node_slot_table_matches_the_cache(family):
+    # state_footprint and the family table in gdn_tree rest on these shapes.
+    m, slots = H.mixer(family)
+    cache = H.mixer_cache(m, slots, 3, 0)
+    assert [tuple(a.shape[1:]) for a in cache.cache] == [tuple(s) for s in _slots_fn(m)(m)]
+    recurrent = [a.dtype for a in cache.cache if a.ndim == 4]
+    assert recurrent == [mx.float32]
+
+
+@pytest.mark.parametrize("family", H.LAYER_FAMILIES)
+@settings(max_examples=50)
+@given(
+    tree=trees(max_nodes=16),
+    prefix=st.integers(0, 5),
+    seed=st.integers(0, 2**16),
+    pick=st.integers(0, 10**6),
+    padded=st.booleans(),
+    k=st.integers(1, 4),
+)
+def test_commit_equals_a_cache_that_only_saw_the_path(family, tree, prefix, seed, pick, padded, k):
+    m, slots = H.mixer(family)
+    cache = H.mixer_cache(m, slots, prefix, seed)
+    if padded:  # left padding already consumed: advance must still move it
+        cache.left_padding = mx.array([-prefix])
+    node = pick % len(tree)
+    x = mx.random.normal((1, len(tree), H.D_MODEL), key=mx.random.key(seed + 1))
+
+    ref = _copy(cache)
+    _plain(m, x[:, tree.path_to(node)], ref)
+
+    wrapper = TreeGatedDeltaNet(m, tree)
+    wrapper(x, cache.make_mask(len(tree)), cache)
+    commit(cache, wrapper, node)
+    assert H.same_arrays_cache(cache, ref)
+
+    steps = mx.random.normal((k, 1, 1, H.D_MODEL), key=mx.random.key(seed + 2))
+    for t in range(k):
+        a = _plain(m, steps[t], cache)
+        b = _plain(m, steps[t], ref)
+        assert mx.array_equal(a, b).item(), f"decode step {t} differs after commit"
+    assert H.same_arrays_cache(cache, ref)
+
+
+@pytest.mark.parametrize("family", H.LAYER_FAMILIES)
+@settings(max_examples=20)
+@given(tree=branching_trees(max_nodes=16), prefix=st.integers(0, 5), seed=st.integers(0, 2**16))
+def test_a_flattened_tree_through_the_recurrence_is_caught(family, tree, prefix, seed):
+    """The unmodified mixer over the flattened tree: every node whose
+    flattened predecessor is not its parent starts from the wrong state and
+    the wrong conv window. The same comparison that passes the tree-aware
+    forward must flag it."""
+    m, slots = H.mixer(family)
+    cache = H.mixer_cache(m, slots, prefix, seed)
+    x = mx.random.normal((1, len(tree), H.D_MODEL), key=mx.random.key(seed + 1))
+    flat = _plain(m, x, _copy(cache))[0]
+    refs = mx.stack([_plain(m, x[:, tree.path_to(i)], _copy(cache))[0, -1] for i in range(len(tree))])
+    bad = H.mismatched(refs, flat)
+    # Nodes up to the first branch point are a prefix chain and agree.
+    first_jump = next(i for i, p in enumerate(tree.parents) if i > 0 and p != i - 1)
+    assert bad, "a flattened tree went undetected"
+    assert min(bad) == first_jump
+    tree_out, _ = tree_mixer_forward(m, x, tree, cache)
+    assert H.mismatched(refs, tree_out[0]) == []
+
+
+def test_single_node_and_chain_are_plain_forwards():
+    m, slots = H.mixer("qwen3_5")
+    cache = H.mixer_cache(m, slots, 4, 7)
+    x = mx.random.normal((1, 9, H.D_MODEL), key=mx.random.key(8))
+    for n in (1, 9):
+        tree = DraftTree.linear(list(range(n)))
+        ref = _copy(cache)
+        want = _plain(m, x[:, :n], ref)
+        got, states = tree_mixer_forward(m, x[:, :n], tree, cache)
+        assert mx.array_equal(want, got).item()
+        c = _copy(cache)
+        commit(c, states, n - 1)
+        assert H.same_arrays_cache(c, ref)
+
+
+def test_commit_validates_before_writing():
+    m, slots = H.mixer("qwen3_5")
+    cache = H.mixer_cache(m, slots, 3, 1)
+    tree = DraftTree([1, 2, 3], [-1, 0, 0])
+    x = mx.random.normal((1, 3, H.D_MODEL), key=mx.random.key(2))
+    _, states = tree_mixer_forward(m, x, tree, cache)
+    before = list(cache.cache)
+    with pytest.raises(IndexError):
+        commit(cache, states, 3)
+    with pytest.raises(ValueError):
+        commit(cache, TreeGatedDeltaNet(m, tree), 0)  # nothing ran through it
+    assert all(a is b for a, b in zip(cache.cache, before))
+
+
+@pytest.mark.parametrize(
+    "mode", ["lengths", "left_padding", "batch"], ids=["right-padded", "left-padded", "batch2"]
+)
+def test_padded_or_batched_caches_are_refused_untouched(mode):
+    m, slots = H.mixer("qwen3_5")
+    cache = H.mixer_cache(m, slots, 3, 1)
+    if mode == "lengths":
+        cache.lengths = mx.array([5])
+    elif mode == "left_padding":
+        cache.left_padding = mx.array([2])
+    else:
+        cache.cache = [mx.concatenate([a, a]) for a in cache.cache]
+    snap = _copy(cache)
+    tree = DraftTree([1, 2, 3], [-1, 0, 0])
+    x = mx.random.normal((1, 3, H.D_MODEL), key=mx.random.key(2))
+    with pytest.raises(TreeRefused) as err:
+        TreeGatedDeltaNet(m, tree)(x, None, cache)
+    assert "refused" in str(err.value) or "batch size" in str(err.value)
+    assert H.same_arrays_cache(cache, snap)
+
+
+def test_the_metal_kernel_path_is_refused_by_name(monkeypatch):
+    from treespec.verify import gdn_tree
+
+    m, slots = H.mixer("qwen3_5")
+    cache = H.mixer_cache(m, slots, 3, 1)
+    snap = _copy(cache)
+    monkeypatch.setattr(gdn_tree, "_kernel_path", lambda module: True)
+    monkeypatch.delenv(gdn_tree.KERNEL_ENV, raising=False)
+    tree = DraftTree([1, 2, 3], [-1, 0, 0])
+    x = mx.random.normal((1, 3, H.D_MODEL), key=mx.random.key(2))
+    with pytest.raises(TreeRefused, match="Metal kernel.*TREESPEC_GDN_KERNEL=allow"):
+        tree_mixer_forward(m, x, tree, cache)
+    assert H.same_arrays_cache(cache, snap)
