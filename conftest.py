@@ -50,13 +50,23 @@ def pytest_configure(config):
     settings.load_profile(profile)
 
 
+def _regime() -> str:
+    # Goldens are kept per BLAS regime: round statistics legitimately differ
+    # where the gate declines under one BLAS and runs under another; texts
+    # must not (suites/regimes compares them across regimes).
+    from treespec.blas import detect
+
+    return detect().name
+
+
 class GoldenExtension(AmberSnapshotExtension):
-    """Snapshots live under golden/<suite>/, not in scattered __snapshots__."""
+    """Snapshots live under golden/<suite>/<regime>/, not in scattered
+    __snapshots__ folders."""
 
     @classmethod
     def dirname(cls, *, test_location) -> str:
         suite = Path(test_location.filepath).parent.name
-        return str(GOLDEN / suite)
+        return str(GOLDEN / suite / _regime())
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import mlx_lm
 import pytest
 
 from treespec import zoo
+from treespec.blas import detect
 from treespec.decode import decode, detokenize
 
 pytestmark = pytest.mark.exactness
@@ -71,7 +72,8 @@ def test_speculative_text_is_byte_identical_to_mlx_lm_generate(pair, mode, promp
     assert text.encode() == expected.encode()
     stats = result.stats.summary()
     declined = stats["mode"].startswith("classic (declined")
-    assert declined == (family in DECLINED), stats["gate"]["reason"]
+    if detect().name == "reference":  # other regimes: their goldens pin the decision
+        assert declined == (family in DECLINED), stats["gate"]["reason"]
     assert snapshot == {
         "mode": stats["mode"],
         "text": text,
