@@ -35,6 +35,15 @@ def pytest_addoption(parser):
         default=None,
         help="hypothesis profile: ci (default) or dev; env TREESPEC_HYPOTHESIS",
     )
+    # Here, not in suites/: the root conftest is loaded before the command
+    # line is parsed, so `--target-model PATH` (with a space) works too.
+    group = parser.getgroup("treespec audit", "audit a user checkpoint (suites/audit/test_user_model.py)")
+    group.addoption("--target-model", default=None, metavar="PATH",
+                    help="mlx-lm checkpoint directory whose tree adapter the audit tests check")
+    group.addoption("--draft-model", default=None, metavar="PATH",
+                    help="drafter checkpoint for the end-to-end text diff (default: the target itself)")
+    group.addoption("--adapter", default=None, metavar="MODULE:ATTR",
+                    help="callable model -> adapter to audit instead of treespec.verify.adapter_for")
 
 
 def pytest_configure(config):

@@ -866,7 +866,7 @@ def routed(s: Subject):
     adapter (and walk) for the target, and the drafter falls back to it for a
     family adapter_for refuses. A stand-in for ``adapter=``/``walk=``
     parameters those functions do not take; everything is put back."""
-    walk, source = the_walk(s)
+    walk = the_walk(s)[0]
     if not s.custom and walk is tree_walk:
         yield
         return
@@ -1081,7 +1081,7 @@ def check(prop: str, s: Subject) -> List[Check]:
         try:
             the_adapter(s)
         except TreeRefused as e:
-            return [Check(prop, SKIP, f"no adapter: {e.reason}")]
+            return [Check(prop, SKIP, "no adapter (see the adapter row)")]
     try:
         out = CHECKS[prop](s)
     except Exception as e:
@@ -1147,7 +1147,8 @@ def format_report(report: Report) -> str:
     quant = f", {'/'.join(h['weight_quant'])} weights" if h["weight_quant"] else ""
     lines = [
         f"treespec audit: {h['model']}",
-        f"  model    {h['model_type']} ({', '.join(h['dtypes'])}{quant}); caches {h['caches']}",
+        f"  model    {h['model_type']} ({', '.join(d.removeprefix('mlx.core.') for d in h['dtypes'])}{quant}); "
+        f"caches {h['caches']}",
         f"  adapter  {h['adapter']} from {h['adapter_source']}; walk {h['walk']}",
         f"  drafter  {h['drafter']}",
         f"  BLAS     {h['blas'].removeprefix('BLAS: ')}",

@@ -46,10 +46,11 @@ def check_same_tokenizer(tok_a, tok_b, model_a, model_b):
         raise CliError(f"the draft model's tokenizer differs from the target's "
                        f"({len(va)} vs {len(vb)} entries; e.g. {only}); speculative "
                        f"decoding needs one shared tokenizer")
-    ea = model_a.args.vocab_size if hasattr(model_a, "args") else None
-    eb = model_b.args.vocab_size if hasattr(model_b, "args") else None
-    if ea is not None and eb is not None and ea != eb:
-        raise CliError(f"vocabulary sizes differ: target {ea}, draft {eb}")
+    from .gate import vocab_size  # read off the logits: configs nest it differently
+
+    ea, eb = vocab_size(model_a), vocab_size(model_b)
+    if ea != eb:
+        raise CliError(f"vocabulary sizes differ: target {ea} logits, draft {eb}")
 
 
 def cmd_generate(args) -> int:

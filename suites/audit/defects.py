@@ -1,0 +1,181 @@
+"""Planted defects: adapters (and walks) that are each wrong in one known way,
+for ``treespec audit --adapter suites.audit.defects:NAME``.
+
+Each factory takes a model and returns a small subclass of the real
+``TreeAdapter`` built exactly as ``adapter_for`` builds it, wrong in one
+place only. An audit that passed one of these would prove nothing;
+``DEFECTS`` says which property must catch each.
+"""
+
+from contextlib import contextmanager
+
+import numpy as np
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
+
+import treespec.verify.adapter as adapter_module
+from treespec.verify import ChainOnly, TreeAdapter, adapter_for
+from treespec.verify.attention import injected, rotating_kept, tree_mask
+
+
+def _rebuild(cls, model, recurrent=None):
+    """``adapter_for(model)``, but of class ``cls``."""
+    real = adapter_for(model, recurrent=recurrent)
+    return cls(model, real.family, real.recurrent)
+
+
+@contextmanager
+def _injecting(replacement):
+    """Swap the adapter module's ``tree_injected`` for one verify."""
+    saved = adapter_module.tree_injected
+    adapter_module.tree_injected = replacement
+    try:
+        yield
+    finally:
+        adapter_module.tree_injected = saved
+
+
+def _causal(cache, N, window):
+    """mlx-lm's chain mask over the flattened tree, with the cache's history."""
+    if isinstance(cache, RotatingKVCache):
+        return create_causal_mask(N, rotating_kept(cache), window or cache.max_size)
+    return create_causal_mask(N, cache.offset, window)
+
+
+class CausalMask(TreeAdapter):
+    """Ignores the tree mask: depth positions, but the causal mask, so
+    siblings see each other (contract 4)."""
+
+    def verify(self, tree, cache, start=0):
+        def broken(model, caches, tree, rope_attr="rope", owners=None, start=0):
+            return injected(model, caches, tree.depths()[start:] - start, _causal, rope_attr, owners)
+
+        with _injecting(broken):
+            return super().verify(tree, cache, start)
+
+
+class FlatPositions(TreeAdapter):
+    """Contiguous positions: node i at ``offset + i`` (its flattened index),
+    not ``offset + depth`` (contract 5); the tree mask is right."""
+
+    def verify(self, tree, cache, start=0):
+        def broken(model, caches, tree, rope_attr="rope", owners=None, start=0):
+            n = len(tree) - start
+            mask = lambda c, N, w: tree_mask(c, tree, w, start)
+            return injected(model, caches, np.arange(n), mask, rope_attr, owners)
+
+        with _injecting(broken):
+            return super().verify(tree, cache, start)
+
+
+class ShiftedPositions(TreeAdapter):
+    """Positions ``offset + depth + 1``: wrong for every tree, chains too."""
+
+    def verify(self, tree, cache, start=0):
+        def broken(model, caches, tree, rope_attr="rope", owners=None, start=0):
+            mask = lambda c, N, w: tree_mask(c, tree, w, start)
+            return injected(model, caches, tree.depths()[start:] - start + 1, mask, rope_attr, owners)
+
+        with _injecting(broken):
+            return super().verify(tree, cache, start)
+
+
+class TailTrim(TreeAdapter):
+    """Rolls back the way mlx-lm's speculative decoding does: trims the
+    rejected count off the tail (trim_prompt_cache) instead of compacting the
+    accepted path (commit_path). Right for a chain, wrong once the accepted
+    branch is not the first one in flattened order (contract 7)."""
+
+    def commit(self, cache, tree, path, offset=None):
+        self._last = None
+        trim_prompt_cache(cache, len(tree) - len(path))
+        return len(path)
+
+
+class Flattened(ChainOnly):
+    """A recurrent strategy that does not refuse: the flattened tree goes
+    through the unmodified GatedDeltaNet, folding siblings into one state."""
+
+    def __init__(self):
+        super().__init__("GatedDeltaNet")
+        self.name = "flattened GatedDeltaNet"
+
+    def refusal(self, model, caches, tree):
+        return None
+
+
+class LastSibling(TreeAdapter):
+    """The real verify and rollback, but a walk that takes the LAST matching
+    sibling (contract 3: the first child wins)."""
+
+    def walk(self, tree, target_tokens):
+        from treespec.walk import Walk
+
+        tokens, path = tree.tokens, [0]
+        while True:
+            want = target_tokens[path[-1]]
+            match = [c for c in tree.children(path[-1]) if tokens[c] == want]
+            if not match:
+                break
+            path.append(match[-1])
+        emitted = [tokens[i] for i in path[1:]] + [target_tokens[path[-1]]]
+        return Walk(tuple(path), tuple(emitted))
+
+
+class NoBonus(TreeAdapter):
+    """A walk that drops the target's bonus token when every draft was
+    accepted (unlike mlx-lm's accept loop, contract 2)."""
+
+    def walk(self, tree, target_tokens):
+        from treespec.walk import Walk, tree_walk
+
+        w = tree_walk(tree, target_tokens)
+        if w.accepted and not tree.children(w.path[-1]):
+            return Walk(w.path, w.emitted[:-1])
+        return w
+
+
+def causal_mask(model):
+    return _rebuild(CausalMask, model)
+
+
+def flat_positions(model):
+    return _rebuild(FlatPositions, model)
+
+
+def shifted_positions(model):
+    return _rebuild(ShiftedPositions, model)
+
+
+def tail_trim(model):
+    return _rebuild(TailTrim, model)
+
+
+def flattened_recurrence(model):
+    return adapter_for(model, recurrent=Flattened())
+
+
+def last_sibling(model):
+    return _rebuild(LastSibling, model)
+
+
+def no_bonus(model):
+    return _rebuild(NoBonus, model)
+
+
+def real(model):
+    """The real adapter through the --adapter path (a control)."""
+    return adapter_for(model)
+
+
+# defect -> (zoo family it is planted in, properties that must FAIL,
+#            properties that must still pass: the audit names the culprit)
+DEFECTS = {
+    "causal_mask": ("llama", {"tree-verify", "probe"}, {"linear-verify", "walk-linear", "walk-siblings"}),
+    "flat_positions": ("gemma3_text", {"tree-verify"}, {"linear-verify", "walk-linear", "walk-siblings"}),
+    "shifted_positions": ("gemma3_text", {"linear-verify", "tree-verify"}, {"walk-linear", "walk-siblings"}),
+    "tail_trim": ("qwen3", {"rollback"}, {"linear-verify", "tree-verify", "probe", "walk-linear"}),
+    "flattened_recurrence": ("qwen3_5", {"tree-verify"}, {"linear-verify", "walk-linear", "walk-siblings"}),
+    "last_sibling": ("llama", {"walk-siblings"}, {"linear-verify", "tree-verify", "rollback", "walk-linear", "probe"}),
+    "no_bonus": ("llama", {"walk-linear"}, {"linear-verify", "tree-verify", "rollback", "probe"}),
+}

@@ -1,0 +1,165 @@
+"""`treespec audit` itself: it passes on the zoo's checkpoints, and it fails,
+naming the right property, on adapters with one planted defect each
+(suites/audit/defects.py). An audit that could not fail would prove nothing."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from suites.audit.defects import DEFECTS
+from treespec import audit, cli, zoo
+
+pytestmark = pytest.mark.exactness
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_json(capsys, *args):
+    rc = cli.main(["audit", *map(str, args), "--json"])
+    out = capsys.readouterr().out
+    return rc, json.loads(out)
+
+
+def failed_props(report) -> set:
+    return {name.split("[", 1)[0] for name in report["failed"]}
+
+
+# (family, with the zoo drafter or drafting for itself)
+PASSING = [("llama", True), ("gemma3_text", True), ("qwen3", False), ("qwen3_next", False)]
+
+
+@pytest.mark.parametrize("family,drafter", PASSING, ids=[f for f, _ in PASSING])
+def test_audit_passes_on_zoo_checkpoints(family, drafter, capsys):
+    args = ["--model", zoo.checkpoint(family)]
+    if drafter:
+        args += ["--draft-model", zoo.drafter_checkpoint(family)]
+    rc, report = run_json(capsys, *args)
+    lines = [f"{c['name']}: {c['status']}: {c['detail']}" for c in report["checks"]]
+    assert rc == 0 and report["ok"], "\n".join(lines)
+    # every property ran and reported, in every cache mode the model has
+    props = {c["name"].split("[", 1)[0] for c in report["checks"]}
+    assert props == set(audit.PROPERTIES)
+    names = {c["name"] for c in report["checks"]}
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    for prop in ("adapter", "linear-verify", "tree-verify[native]", "rollback[native]",
+                 "walk-linear", "walk-siblings", "e2e[chain-b4]", "e2e[tree-2x2x1]"):
+        assert statuses[prop] == "pass", lines
+    if family in ("qwen3", "qwen3_next"):  # head_dim 32: quantized KV is a cache mode
+        assert {"rollback[kv-q4-g32]", "rollback[kv-q8-g32]"} <= names
+        assert statuses["rollback[kv-q4-g32]"] == "pass"
+    else:  # head_dim 16: said, not silently dropped
+        assert statuses["rollback[kv-quant]"] == "skip"
+    header = report["header"]
+    assert header["blas"] and header["device"] and header["drafter"]
+    assert ("itself" in header["drafter"]) != drafter
+    assert report["probe"]["shapes"]
+
+
+def test_gemma_probe_names_the_key_order_case(capsys):
+    """The gate's probe differs on a wrapped sliding window (a one-token step
+    sums keys in ring order); the audit re-measures before the wrap and says
+    so instead of failing."""
+    rc, report = run_json(capsys, "--model", zoo.checkpoint("gemma3_text"), "--only", "probe")
+    (probe,) = report["checks"]
+    assert rc == 0 and probe["status"] == "inexact", probe
+    assert "key-order" in probe["detail"] and "declines" in probe["detail"]
+    assert report["probe_before_wrap"]["identical"]
+
+
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_audit_fails_on_a_planted_defect_and_names_it(defect, capsys):
+    family, must_fail, must_pass = DEFECTS[defect]
+    rc, report = run_json(capsys, "--model", zoo.checkpoint(family),
+                          "--adapter", f"suites.audit.defects:{defect}")
+    lines = "\n".join(f"{c['name']}: {c['status']}: {c['detail']}" for c in report["checks"])
+    failed = failed_props(report)
+    assert rc == 1 and not report["ok"], lines
+    assert must_fail <= failed, lines
+    assert not (must_pass & failed), lines
+    for c in report["checks"]:
+        if c["status"] == "FAIL" and c["name"].split("[")[0] in must_fail:
+            # where it failed and by how much
+            assert c["first_failure"], c
+            assert "first:" in c["detail"], c
+
+
+def test_allow_inexact_reports_differences_within_tolerance_as_inexact(capsys):
+    """--allow-inexact does not hide a difference: it is measured and shown."""
+    args = ["--model", zoo.checkpoint("llama"), "--adapter", "suites.audit.defects:causal_mask",
+            "--only", "tree-verify,probe"]
+    rc, strict = run_json(capsys, *args)
+    rc_loose, loose = run_json(capsys, *args, "--allow-inexact", "--tolerance", "1e9")
+    assert rc == 1 and rc_loose == 0
+    row = {c["name"]: c for c in loose["checks"]}
+    assert row["tree-verify[native]"]["status"] == row["probe"]["status"] == "inexact"
+    assert row["tree-verify[native]"]["max_diff"] > 1
+    assert "max |diff|" in row["tree-verify[native]"]["detail"]
+
+
+def test_the_real_adapter_through_the_adapter_option_passes(capsys):
+    """The control for the defects: --adapter itself changes nothing."""
+    rc, report = run_json(capsys, "--model", zoo.checkpoint("llama"),
+                          "--adapter", "suites.audit.defects:real")
+    assert rc == 0, report["failed"]
+    assert report["header"]["adapter_source"] == "suites.audit.defects:real"
+
+
+def test_a_refused_family_fails_the_adapter_property(tmp_path, capsys):
+    """A llama whose rope is DynamicNTKScalingRoPE: adapter_for refuses by
+    name; the audit fails on 'adapter', skips what needs one, still walks."""
+    model = tmp_path / "llama-dynamic"
+    shutil.copytree(zoo.checkpoint("llama"), model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
+    (model / "config.json").write_text(json.dumps(cfg))
+    rc, report = run_json(capsys, "--model", model)
+    status = {c["name"]: c for c in report["checks"]}
+    assert rc == 1 and report["failed"] == ["adapter"]
+    assert "DynamicNTKScalingRoPE" in status["adapter"]["detail"]
+    assert status["tree-verify"]["status"] == "skip"
+    assert status["walk-linear"]["status"] == "pass"
+
+
+def test_usage_errors_exit_2(capsys):
+    llama = str(zoo.checkpoint("llama"))
+    assert cli.main(["audit", "--model", llama, "--adapter", "no_colon"]) == 2
+    assert "module:attr" in capsys.readouterr().err
+    assert cli.main(["audit", "--model", llama, "--adapter", "suites.audit.defects:nope"]) == 2
+    assert "AttributeError" in capsys.readouterr().err
+    assert cli.main(["audit", "--model", llama, "--only", "speed"]) == 2
+    assert "unknown properties" in capsys.readouterr().err
+
+
+def test_the_cli_as_a_subprocess_prints_the_table_and_exits_1():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "treespec", "audit", "--model", str(zoo.checkpoint("llama")),
+         "--adapter", "suites.audit.defects:tail_trim"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    out = proc.stdout
+    assert "BLAS" in out and "device" in out
+    row = next(line for line in out.splitlines() if line.startswith("rollback[native]"))
+    assert " FAIL " in row and "max |diff|" in row and "after committing" in row
+    assert next(l for l in out.splitlines() if l.startswith("tree-verify[native]")).split()[1] == "pass"
+    assert out.rstrip().splitlines()[-1].startswith("FAILED (rollback[native]")
+
+
+def test_pytest_options_audit_a_user_checkpoint():
+    """The --target-model/--adapter pytest options drive test_user_model.py:
+    one test per property, and a planted defect fails exactly its own."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "pytest", "suites/audit/test_user_model.py", "-q",
+           "-p", "no:cacheprovider", "-p", "no:xdist", "-m", "exactness",
+           "--target-model", str(zoo.checkpoint("llama")),
+           "--adapter", "suites.audit.defects:last_sibling"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert f"1 failed, {len(audit.PROPERTIES) - 1} passed" in proc.stdout, proc.stdout[-3000:]
+    assert "FAILED suites/audit/test_user_model.py::test_user_model[walk-siblings]" in proc.stdout
+    assert "first child wins" in proc.stdout

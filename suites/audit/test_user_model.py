@@ -1,0 +1,36 @@
+"""`treespec audit` as pytest: every audit property against the checkpoint
+given with ``--target-model`` (options in the root conftest.py)::
+
+    python -m pytest -m exactness --target-model PATH [--draft-model PATH] [--adapter module:attr]
+
+One test per property (treespec.audit.PROPERTIES), each running the audit's
+own function for it; skipped when no --target-model is given."""
+
+import pytest
+
+from treespec import audit
+from treespec.cli import CliError
+
+pytestmark = pytest.mark.exactness
+
+
+@pytest.fixture(scope="module")
+def subject(request):
+    opt = request.config.getoption
+    path = opt("--target-model")
+    if not path:
+        pytest.skip("no --target-model given: `pytest -m exactness --target-model=PATH` "
+                    "audits that checkpoint")
+    try:
+        return audit.subject(path, opt("--draft-model"), opt("--adapter"))
+    except CliError as e:
+        raise pytest.UsageError(str(e))
+
+
+@pytest.mark.parametrize("prop", audit.PROPERTIES)
+def test_user_model(subject, prop):
+    checks = audit.check(prop, subject)
+    failed = [c for c in checks if not c.ok]
+    assert not failed, "\n".join(c.line() for c in failed)
+    if all(c.status == audit.SKIP for c in checks):
+        pytest.skip("; ".join(c.line() for c in checks))
