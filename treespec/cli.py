@@ -56,7 +56,7 @@ def check_same_tokenizer(tok_a, tok_b, model_a, model_b):
 def cmd_generate(args) -> int:
     import mlx.core as mx
 
-    from .decode import decode
+    from .decode import decode, detokenize
     from .verify import TreeRefused
 
     model_path, draft_path = args.model, args.draft_model
@@ -81,8 +81,8 @@ def cmd_generate(args) -> int:
                         allow_inexact=args.allow_inexact)
     except TreeRefused as e:
         raise CliError(f"the target refuses tree verification: {e}")
-    eos = set(tokenizer.eos_token_ids)
-    text = tokenizer.decode([t for t in result.tokens if t not in eos])
+    # mlx-lm's own streaming detokenizer, so the text is what mlx_lm.generate prints.
+    text = detokenize(tokenizer, result.tokens)
     summary = result.stats.summary()
     summary["model"], summary["draft_model"] = str(model_path), draft_path and str(draft_path)
     summary["device"] = str(mx.default_device())
