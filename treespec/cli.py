@@ -78,9 +78,12 @@ def cmd_generate(args) -> int:
                         eos_token_ids=list(tokenizer.eos_token_ids),
                         block=args.block, branching=args.tree_branching,
                         parents=args.tree_parents, budget=args.budget, width=args.width,
-                        allow_inexact=args.allow_inexact)
+                        allow_inexact=args.allow_inexact, temperature=args.temp,
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     except TreeRefused as e:
         raise CliError(f"the target refuses tree verification: {e}")
+    except ValueError as e:  # SamplingRefused and bad option combinations
+        raise CliError(str(e))
     # mlx-lm's own streaming detokenizer, so the text is what mlx_lm.generate prints.
     text = detokenize(tokenizer, result.tokens)
     summary = result.stats.summary()
@@ -143,6 +146,11 @@ def build_parser():
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--prompt", default="def fibonacci(n):\n    ")
     g.add_argument("--json", action="store_true", help="one JSON object: text, tokens, diagnostics")
+    g.add_argument("--temp", type=float, default=0.0,
+                   help="temperature; > 0 samples with the distribution-exact tree rule")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=0, help="sampling seed: a run is reproducible from it")
     g.add_argument("--allow-inexact", action="store_true",
                    help="run chain/tree even where the exactness probe found differences")
     g.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",

@@ -139,16 +139,26 @@ def _warn_once(decision):
         print(f"treespec: exactness gate: {decision.reason}", file=sys.stderr)
 
 
+def greedy_walk(rnd, logits):
+    """Temperature 0: each node's target token is its argmax."""
+    return tree_walk(rnd.tree, mx.argmax(logits, axis=-1).tolist())
+
+
 def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
                 drafter: Drafter, eos_token_ids=None, mode: str = "tree",
-                gate: bool = True, allow_inexact: bool = False) -> Result:
+                gate: bool = True, allow_inexact: bool = False, walker=greedy_walk,
+                fallback=None, requested: Optional[dict] = None) -> Result:
     """The round loop. The target's cache, like the drafter's, holds the
-    committed text except the root between rounds."""
+    committed text except the root between rounds.
+
+    ``walker(round, logits) -> Walk`` decides what the target accepts
+    (greedy here, the sampled rule in treespec.sampling); ``fallback()`` is
+    the classic decode the gate declines to."""
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("the prompt needs at least one token (the first root)")
     adapter = adapter_for(target)
-    stats = Stats(mode, requested=drafter.describe())
+    stats = Stats(mode, requested=requested or drafter.describe())
     if gate:
         from .gate import decide
 
@@ -158,7 +168,7 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
             _warn_once(decision)
             stats.notes.append(decision.reason)
         if not decision.run:
-            result = classic(target, prompt, max_tokens, eos_token_ids)
+            result = (fallback or (lambda: classic(target, prompt, max_tokens, eos_token_ids)))()
             result.stats.requested, result.stats.gate = stats.requested, stats.gate
             result.stats.notes = stats.notes
             result.stats.mode = f"classic (declined {mode})"
@@ -178,10 +188,9 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
         t1 = clock()
         offset = cache_offset(cache)
         logits = adapter.verify(rnd.tree, cache)
-        targets = mx.argmax(logits, axis=-1)
-        mx.eval(targets)
+        mx.eval(logits)
         t2 = clock()
-        walk = tree_walk(rnd.tree, targets.tolist())
+        walk = walker(rnd, logits)
         t3 = clock()
         adapter.commit(cache, rnd.tree, walk.path, offset)
         drafter.commit(rnd, walk.path)
@@ -203,8 +212,21 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
            max_tokens: int = 64, eos_token_ids=None, block: int = 4,
            branching=None, parents=None, budget: Optional[int] = None,
            width: int = 4, drafter: Optional[Drafter] = None, gate: bool = True,
-           allow_inexact: bool = False) -> Result:
-    """One entry point for every mode. ``tree`` is never chosen implicitly."""
+           allow_inexact: bool = False, temperature: float = 0.0, top_k: int = 0,
+           top_p: float = 0.0, min_p: float = 0.0, seed: int = 0) -> Result:
+    """One entry point for every mode. ``tree`` is never chosen implicitly.
+    ``temperature > 0`` samples, exactly in law (treespec.sampling)."""
+    if temperature > 0:
+        if budget is not None:
+            raise ValueError("the confidence-driven tree (budget=) drafts greedily; at "
+                             "temperature > 0 give a fixed shape (branching= or parents=)")
+        from .sampling import decode_sampled  # it builds on this module
+
+        return decode_sampled(target, prompt, draft_model, temperature=temperature,
+                              top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, mode=mode,
+                              block=block, branching=branching, parents=parents,
+                              max_tokens=max_tokens, eos_token_ids=eos_token_ids,
+                              drafter=drafter, gate=gate, allow_inexact=allow_inexact)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if max_tokens < 1:

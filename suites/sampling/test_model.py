@@ -1,0 +1,132 @@
+"""Model level: decode_sampled on a real mlx-lm llama (vocabulary 12)
+emits its first two tokens with the target's law, in chain and tree mode,
+through the real drafter, tree verify and cache commits.
+
+Each law test runs ``decode_sampled`` from seeds 0..SEEDS-1 with
+max_tokens = 4 (so the first round's tree is the branching's first 4 nodes:
+two children, a grandchild) and compares the first two tokens with the law
+p(a | prompt) p(b | prompt, a) from plain target forwards: a goodness-of-fit
+test of the 144-cell joint and of the first token, at ALPHA (2 x 2 of the
+suite's chi-square tests; see test_rule.py for the family-wise rate). The
+second token comes from a second round, through the committed caches,
+whenever the first round accepts nothing."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from suites.sampling import models
+from suites.sampling.stats import gof
+from suites.sampling.test_rule import ALPHA
+from treespec.decode import decode
+from treespec.draft import ChainDrafter
+from treespec.sampling import (
+    SampledChainDrafter,
+    SampledTreeDrafter,
+    SamplingParams,
+    SamplingRefused,
+    decode_sampled,
+    streams,
+)
+
+pytestmark = pytest.mark.exactness
+
+SEEDS = 500
+V = models.VOCAB
+
+CASES = {
+    "chain-b3-T1": dict(mode="chain", block=3, sampling=dict(temperature=1.0)),
+    "tree-2x2-T0.8-k8-p0.95": dict(mode="tree", branching=(2, 2),
+                                   sampling=dict(temperature=0.8, top_k=8, top_p=0.95)),
+}
+
+
+def exact_two_token_law(sampling):
+    params = SamplingParams(**sampling)
+    target = models.target()
+    first = params.probs(target(mx.array([models.PROMPT]))[0, -1])
+    texts = mx.array([models.PROMPT + [a] for a in range(V)])
+    second = params.probs(target(texts)[:, -1])
+    return first[:, None] * second
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_first_two_tokens_have_the_targets_law(case):
+    cfg = dict(CASES[case])
+    sampling = cfg.pop("sampling")
+    law = exact_two_token_law(sampling)
+    counts = np.zeros((V, V))
+    target, draft = models.target(), models.draft()
+    accepted = 0
+    for seed in range(SEEDS):
+        r = decode_sampled(target, models.PROMPT, draft, seed=seed, max_tokens=4,
+                           gate=seed == 0, **sampling, **cfg)
+        counts[r.tokens[0], r.tokens[1]] += 1
+        accepted += r.stats.accepted
+    assert accepted > SEEDS // 2  # the drafts do get accepted
+    for name, c, l in (("joint", counts, law), ("first", counts.sum(1), law.sum(1))):
+        chi2, df, p = gof(c, l)
+        assert p >= ALPHA, f"{name}: chi2 {chi2:.1f} on {df} df, p = {p:.3g}"
+
+
+def test_a_run_is_reproducible_from_its_seed():
+    t, d = models.target(), models.draft()
+    kw = dict(temperature=1.0, mode="tree", branching=(2, 1), max_tokens=16, gate=False)
+    a = decode_sampled(t, models.PROMPT, d, seed=11, **kw).tokens
+    assert decode_sampled(t, models.PROMPT, d, seed=11, **kw).tokens == a
+    others = {tuple(decode_sampled(t, models.PROMPT, d, seed=s, **kw).tokens) for s in range(4)}
+    assert len(others) > 1
+    c = decode_sampled(t, models.PROMPT, d, seed=11, mode="classic", temperature=1.0,
+                       max_tokens=16).tokens
+    assert c == decode_sampled(t, models.PROMPT, d, seed=11, mode="classic", temperature=1.0,
+                               max_tokens=16).tokens
+
+
+@pytest.mark.parametrize("mode,kw", [("chain", dict(block=4)), ("tree", dict(branching=(3, 2)))])
+def test_top_k_1_sampling_is_greedy_decoding(mode, kw):
+    """top_k = 1 leaves one token in p and in q: speculative sampling must
+    then emit exactly classic greedy decoding's tokens."""
+    t, d = models.target(), models.draft()
+    greedy = decode(t, models.PROMPT, mode="classic", max_tokens=20).tokens
+    got = decode_sampled(t, models.PROMPT, d, temperature=0.9, top_k=1, seed=3, mode=mode,
+                         max_tokens=20, gate=False, **kw)
+    assert got.tokens == greedy
+    # One token of draft probability > 0 per node: the tree is pruned to a chain.
+    depth = len(kw["branching"]) if "branching" in kw else kw["block"] - 1
+    assert max(got.stats.nodes_per_round) <= depth + 1
+
+
+def test_sampled_children_are_distinct_draws_in_the_support():
+    """Children of a node: distinct tokens of draft probability > 0 (slots
+    past a top-k of 2 pruned), each expanded node reporting its q."""
+    t, d = models.target(), models.draft()
+    drafter = SampledTreeDrafter(branching=(3, 2)).bind(SamplingParams(1.0, top_k=2),
+                                                        streams(0)[0])
+    drafter.start(d, models.PROMPT[:-1])
+    for _ in range(5):
+        rnd = drafter.draft(models.PROMPT[-1])
+        for node in range(len(rnd.tree)):
+            kids = rnd.tree.children(node)
+            if not kids:
+                continue
+            q = rnd.q[node]
+            toks = [rnd.tree.tokens[k] for k in kids]
+            assert len(set(toks)) == len(toks) <= 2
+            assert all(q[x] > 0 for x in toks)
+            assert abs(q.sum() - 1) < 1e-9 and (q > 0).sum() == 2
+        drafter.commit(rnd, [0])
+
+
+def test_refusals_name_the_problem():
+    t, d = models.target(), models.draft()
+    with pytest.raises(SamplingRefused, match="logits_processors"):
+        decode_sampled(t, models.PROMPT, d, temperature=1.0, logits_processors=[lambda a, b: b])
+    with pytest.raises(SamplingRefused, match="greedy decoding"):
+        decode_sampled(t, models.PROMPT, d, temperature=0.0)
+    with pytest.raises(ValueError, match="sampled drafter"):
+        decode_sampled(t, models.PROMPT, d, temperature=1.0, drafter=ChainDrafter(3))
+    with pytest.raises(ValueError, match="ask for mode 'tree'"):
+        decode_sampled(t, models.PROMPT, d, temperature=1.0, mode="chain",
+                       drafter=SampledTreeDrafter(branching=(2,)))
+    with pytest.raises(ValueError, match="needs bind"):
+        SampledChainDrafter(3).draft(1)
