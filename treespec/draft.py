@@ -177,9 +177,10 @@ class Drafter:
             if rnd.fed[node] < 0:
                 break
             fed_path.append(rnd.fed[node])
-        from .rollback import commit_path
+        if fed_path:  # a round that fed nothing (a root-only chain) left the cache as it was
+            from .rollback import commit_path
 
-        commit_path(self.cache, rnd.offset, fed_path, rnd.fed_tree)
+            commit_path(self.cache, rnd.offset, fed_path, rnd.fed_tree)
         # Accepted nodes the draft never fed are committed text it must see.
         self.pending = [rnd.tree.tokens[n] for n in path[len(fed_path):]]
 
@@ -201,18 +202,26 @@ class ChainDrafter(Drafter):
     def budget(self) -> int:
         return self.block - 1
 
-    def _grow(self, root, limit) -> DraftRound:
+    def draft(self, root: int, limit: Optional[int] = None) -> DraftRound:
+        """mlx-lm's draft loop: each greedy token feeds the next step without
+        leaving the graph (async evaluation), one sync per round. The last
+        draft is never fed, as in mlx-lm."""
+        self._feed(self.pending)
+        self.pending = []
+        offset = cache_offset(self.cache)
+        self._saved = None if self.compacting else [_save(c) for c in self.cache]
         n = self.block - 1 if limit is None else min(self.block - 1, limit)
-        tokens = [root]
-        for i in range(n):
-            tok = int(mx.argmax(self._logits[i]).item())
-            tokens.append(tok)
-            if i + 1 < n:  # the last draft is never fed (mlx-lm does the same)
-                self._fed_tree.push_child(i, tok)
-                self._expand([i + 1])
+        y, drafts = mx.array([root]), []
+        for _ in range(n):
+            logits = self.model(y[None], cache=self.cache)[0, -1]
+            y = mx.argmax(logits, axis=-1, keepdims=True)
+            mx.async_eval(y)
+            drafts.append(y)
+        tokens = [root] + (mx.concatenate(drafts).tolist() if drafts else [])
         tree = DraftTree.linear(tokens)
-        fed = [i if i < len(self._fed_tree) else -1 for i in range(len(tree))]
-        return DraftRound(tree, fed, self._round_offset, self._fed_tree)
+        fed_tree = DraftTree.linear(tokens[: max(n, 1)])  # root .. d_{n-1} (fed: n of them)
+        fed = [i if i < n else -1 for i in range(len(tree))]
+        return DraftRound(tree, fed, offset, fed_tree)
 
     def describe(self):
         return {"kind": self.kind, "block": self.block, "budget": self.block - 1}
