@@ -173,7 +173,11 @@ def real(model):
 DEFECTS = {
     "causal_mask": ("llama", {"tree-verify", "probe"}, {"linear-verify", "walk-linear", "walk-siblings"}),
     "flat_positions": ("gemma3_text", {"tree-verify"}, {"linear-verify", "walk-linear", "walk-siblings"}),
-    "shifted_positions": ("gemma3_text", {"linear-verify", "tree-verify"}, {"walk-linear", "walk-siblings"}),
+    # A chain is verified by a plain forward (no injected positions), so an
+    # off-by-one shows on branching trees: the verify, the rollback built on
+    # it, the text and the probe.
+    "shifted_positions": ("gemma3_text", {"tree-verify", "rollback", "probe"},
+                          {"linear-verify", "walk-linear", "walk-siblings"}),
     "tail_trim": ("qwen3", {"rollback"}, {"linear-verify", "tree-verify", "probe", "walk-linear"}),
     "flattened_recurrence": ("qwen3_5", {"tree-verify"}, {"linear-verify", "walk-linear", "walk-siblings"}),
     "last_sibling": ("llama", {"walk-siblings"}, {"linear-verify", "tree-verify", "rollback", "walk-linear", "probe"}),

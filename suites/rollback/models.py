@@ -19,7 +19,7 @@ from mlx_lm.models.cache import (
 from suites.rollback.caches import assert_same, observe
 from treespec import zoo
 from treespec.rollback import capture_recurrent_inputs, commit_path, snapshot
-from treespec.verify import ChainOnly, TreeRefused, adapter_for
+from treespec.verify import TreeRefused, adapter_for
 
 try:  # the tree-aware recurrence, where it exists
     from treespec.verify.gdn_tree import TreeGatedDelta
@@ -121,11 +121,12 @@ def verify(family, tree, caches):
     (a wrapped keep>0 window) is a plain forward: a chain needs no mask."""
     m = model(family)
     try:
-        if recurrent(family) and len(tree) > 1:
-            inner = ChainOnly("GatedDeltaNet") if tree.is_linear() else TreeGatedDelta()
-            strategy = _Capturing(inner)
+        if recurrent(family) and not tree.is_linear():
+            strategy = _Capturing(TreeGatedDelta())
             return adapter_for(m, recurrent=strategy).verify(tree, caches), strategy.captures
-        with capture_recurrent_inputs(m) as captures:  # nothing swapped: capture around
+        # A chain (and a single node) is a plain forward: nothing is swapped,
+        # so capture around it.
+        with capture_recurrent_inputs(m) as captures:
             return adapter_for(m).verify(tree, caches), captures
     except TreeRefused:
         if not tree.is_linear():
