@@ -17,14 +17,21 @@ Configurations (all greedy, temperature 0):
 - ``auto``: what :func:`treespec.auto.choose` picks after a short calibration on its
   own prompts (not the bench's).
 
-Gating: every speculative configuration first passes the exactness probe
-(``treespec.gate.decide`` on its drafter's shapes; mlx-lm's chain verify is probed
-with the chain shapes of its block), then, in every timed run, its tokens are
-compared with classic's on the same prompt. A configuration failing either
-prints its reason and no figure. Runs are interleaved (round robin over the
-configurations within each repeat, the order rotated per repeat) and figures are
-medians over repeats; speedups are medians of per-repeat ratios, so a slow
-stretch of a shared CPU hits numerator and denominator alike.
+Gating: every speculative configuration first passes the exactness probe (the
+gate's per-shape measurement over its drafter's ``probe_shapes()``, shared across
+configurations by :class:`SharedProbe`; mlx-lm's chain verify is probed with the
+chain shapes of its block), then, in every timed run, its tokens are compared
+with classic's on the same prompt. A configuration failing either prints its
+reason and no figure; a figure that stands says ``probe+text``.
+
+Timing: runs are interleaved (round robin over the configurations within each
+repeat, the order rotated per repeat) and figures are medians over repeats;
+speedups are medians of per-repeat ratios, so a slow stretch of a shared CPU hits
+numerator and denominator alike. ``tok/s`` is end to end; ``decode tok/s``
+subtracts each prompt's prefill (target, and draft for speculative rows, measured
+apart), which at a few dozen tokens is a large share of a run; speedups use decode
+tok/s. ``cpu/tok`` (process CPU time per token) is the figure least moved by other
+processes on a busy machine.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
@@ -348,6 +355,25 @@ class SharedProbe:
 # ----------------------------------------------------------------------------- the bench
 
 
+def prefill_ms(model, prompt, repeats: int = 5) -> float:
+    """Median wall ms of prefilling ``prompt[:-1]`` into a fresh cache: what
+    every run of this prompt pays before its first new token (the target in
+    every configuration, the draft model too in speculative ones)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if len(prompt) < 2:
+        return 0.0
+    times = []
+    for _ in range(repeats + 1):
+        cache = make_prompt_cache(model)
+        t0 = time.perf_counter()
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times[1:])
+
+
 def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Config],
           max_tokens: int = 64, repeats: int = 3, eos=None, allow_inexact: bool = False,
           decide: Optional[Callable] = None, log: Callable[[str], None] = lambda s: None,
@@ -364,7 +390,7 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     rows = {c.name: {"name": c.name, "kind": c.kind, "block": c.block, "budget": c.budget,
                      "branching": list(c.branching) if c.branching else None,
                      "exact": True, "checks": "reference" if not c.speculative else None,
-                     "reason": None, "probe": None, "wall": [], "runs": []}
+                     "reason": None, "probe": None, "wall": [], "decode": [], "runs": []}
             for c in configs}
     live = list(configs)
     # 1. The exactness probe, per configuration (memoized per shape set).
@@ -385,6 +411,9 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     # 2. Warm-up: every configuration once on a short run (first-call costs).
     for c in live:
         run_config(c, target, draft, prompts[0], min(warmup_tokens, max_tokens), eos)
+    # Prefill per prompt, subtracted from each run's wall for decode tok/s.
+    prefill = [(prefill_ms(target, p) if target is not None else 0.0,
+                prefill_ms(draft, p) if draft is not None else 0.0) for p in prompts]
     # 3. Interleaved repeats; every run's tokens diffed with classic's.
     reference: List[Optional[List[int]]] = [None] * len(prompts)
     for r in range(repeats):
@@ -417,16 +446,20 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
                     break
             if row["exact"]:
                 row["wall"].append(sum(x.wall_s for x in runs))
+                row["decode"].append(sum(
+                    max(x.wall_s - 1e-3 * (pt + (pd if c.speculative else 0.0)), 1e-6)
+                    for x, (pt, pd) in zip(runs, prefill)))
                 row["runs"].append(runs)
                 if c.speculative:
                     row["checks"] = EXACT
         log(f"  repeat {r + 1}/{repeats}: {time.perf_counter() - t_rep:.1f}s")
-    return summarize(rows, configs, prompts, max_tokens, repeats)
+    report = summarize(rows, configs, prompts, max_tokens, repeats)
+    report["prefill_ms"] = [{"target": pt, "draft": pd} for pt, pd in prefill]
+    return report
 
 
 def summarize(rows: dict, configs: Sequence[Config], prompts, max_tokens, repeats) -> dict:
     """Medians, acceptance and speedups from the raw runs."""
-    classic = rows[configs[0].name]
     out = []
     for c in configs:
         row = rows[c.name]
@@ -438,10 +471,15 @@ def summarize(rows: dict, configs: Sequence[Config], prompts, max_tokens, repeat
             tok_s = [sum(len(x.tokens) for x in runs) / w for runs, w in zip(row["runs"], row["wall"])]
             res["tok_s"] = statistics.median(tok_s)
             res["tok_s_all"] = tok_s
+            dec = [sum(len(x.tokens) for x in runs) / w
+                   for runs, w in zip(row["runs"], row["decode"])]
+            res["decode_tok_s"] = statistics.median(dec)
+            res["decode_all"] = dec
             res["tokens"] = sum(len(x.tokens) for x in row["runs"][0])
             cpu = [1e3 * sum(x.cpu_s for x in runs) / sum(len(x.tokens) for x in runs)
                    for runs in row["runs"] if all(x.cpu_s is not None for x in runs)]
             res["cpu_ms_per_token"] = statistics.median(cpu) if cpu else None
+            res["cpu_all"] = cpu
             st = _merge([x.stats for x in row["runs"][0]]) if row["runs"][0][0].stats else None
             if st and c.speculative:
                 res["rounds"] = st["rounds"]
@@ -467,16 +505,18 @@ def summarize(rows: dict, configs: Sequence[Config], prompts, max_tokens, repeat
     # Speedups: medians of per-repeat ratios (the runs of one repeat are interleaved).
     by = {r["name"]: r for r in out}
     base = by[configs[0].name]
+    # On decode tok/s: the speed a long generation sees (prefill is one-off).
     chains = [r for r in out if r["kind"] == "chain" and r.get("tok_s")]
-    best_chain = max(chains, key=lambda r: r["tok_s"]) if chains else None
+    best_chain = max(chains, key=lambda r: r["decode_tok_s"]) if chains else None
     for r in out:
         if not r.get("tok_s"):
             continue
-        if base.get("tok_s_all"):
-            r["x_classic"] = statistics.median(a / b for a, b in zip(r["tok_s_all"], base["tok_s_all"]))
+        if base.get("decode_all"):
+            r["x_classic"] = statistics.median(
+                a / b for a, b in zip(r["decode_all"], base["decode_all"]))
         if best_chain:
             r["x_best_chain"] = statistics.median(
-                a / b for a, b in zip(r["tok_s_all"], best_chain["tok_s_all"]))
+                a / b for a, b in zip(r["decode_all"], best_chain["decode_all"]))
     return {"rows": out, "best_chain": best_chain["name"] if best_chain else None,
             "prompts": len(prompts), "max_tokens": max_tokens, "repeats": repeats}
 
@@ -528,9 +568,10 @@ def _f(v, fmt="{:.2f}", none="-"):
 def format_table(report: dict) -> str:
     head = (f"{'config':<26} {'exact':<11} {'accept':>6} {'emit/v':>6} {'nodes':>5} "
             f"{'draft':>6} {'verify':>6} {'walk':>5} {'commit':>6} {'round':>6} "
-            f"{'tok/s':>7} {'x clas':>6} {'x chain':>7}")
+            f"{'tok/s':>7} {'decode':>7} {'x clas':>6} {'x chain':>7} {'cpu/tok':>7}")
     lines = [head, f"{'':<26} {'':<11} {'':>6} {'':>6} {'':>5} "
-             f"{'-- ms per verify round (median) --':^34} {'(median)':>7}"]
+             f"{'-- ms per verify round (median) --':^34} {'e2e':>7} {'tok/s':>7} {'':>6} "
+             f"{'':>7} {'ms':>7}"]
     for r in report["rows"]:
         name = r["name"] if len(r["name"]) <= 26 else r["name"][:23] + "..."
         if not r["exact"]:
@@ -549,22 +590,34 @@ def format_table(report: dict) -> str:
             f"{_f(r.get('mean_nodes') or (1.0 if r['kind'] == 'classic' else None), '{:.1f}'):>5} "
             f"{_f(ms.get('draft')):>6} {_f(ms.get('verify')):>6} {_f(ms.get('walk')):>5} "
             f"{_f(ms.get('commit')):>6} {_f(ms.get('round')):>6} {r['tok_s']:>7.1f} "
-            f"{_f(r.get('x_classic')):>6} {_f(r.get('x_best_chain')):>7}")
+            f"{r['decode_tok_s']:>7.1f} "
+            f"{_f(r.get('x_classic')):>6} {_f(r.get('x_best_chain')):>7} "
+            f"{_f(r.get('cpu_ms_per_token')):>7}")
     return "\n".join(lines).replace("exact: probe+text", "probe+text ")
 
 
 def format_report(report: dict) -> str:
     out = [format_table(report)]
-    out.append(f"exact column: 'probe+text' = the exactness probe passed and every run's tokens "
-               f"equal classic's on every prompt, in this run (contract 10).")
-    out.append("x clas / x chain: medians of per-repeat tok/s ratios to classic / to the best chain"
-               f" ({report.get('best_chain')}). mlx-lm rows: round ms only (no split).")
+    out.append("exact column: 'probe+text' = the exactness probe passed and every run's tokens "
+               "equal classic's on every prompt, in this run (contract 10).")
+    pf = report.get("prefill_ms") or []
+    pf_txt = ", ".join(f"{p['target']:.0f}+{p['draft']:.0f}" for p in pf)
+    out.append("tok/s: end to end (prefill included), median over repeats. decode tok/s: the same "
+               "runs less the prefill of each prompt, measured apart (target ms + draft ms: "
+               f"{pf_txt}; the draft's only for speculative rows). x clas / x chain: medians of "
+               "per-repeat decode tok/s ratios to classic / to the best chain "
+               f"({report.get('best_chain')}). round: wall ms per verify round, prefill included. "
+               "mlx-lm rows: no split. cpu/tok: process CPU ms per token (median), less at the "
+               "mercy of other processes than tok/s.")
     cmp = chain_vs_mlx_lm(report)
     if cmp:
-        out.append("\ntreespec chain vs mlx-lm at the same block (tok/s, median of per-repeat ratios):")
-        for b, ours, theirs, ratio in cmp:
-            flag = "" if ratio >= 0.97 else "   <- treespec slower"
-            out.append(f"  b={b}: treespec {ours:7.1f}  mlx-lm {theirs:7.1f}  ratio {ratio:.2f}{flag}")
+        out.append("\ntreespec chain vs mlx-lm at the same block (decode tok/s; medians of per-repeat "
+                   "ratios; cpu ratio = mlx-lm CPU ms/token over treespec's, > 1 when treespec is "
+                   "cheaper):")
+        for b, ours, theirs, ratio, cpu_ratio in cmp:
+            flag = "" if ratio >= 0.97 else "   <- treespec slower (wall)"
+            out.append(f"  b={b}: treespec {ours:7.1f} tok/s  mlx-lm {theirs:7.1f} tok/s  "
+                       f"ratio {ratio:.2f}  cpu ratio {_f(cpu_ratio)}{flag}")
     return "\n".join(out)
 
 
@@ -576,16 +629,23 @@ def chain_vs_mlx_lm(report: dict):
             continue
         m = by.get(("mlx-lm", b))
         if m and m.get("tok_s"):
-            ratio = statistics.median(a / c for a, c in zip(r["tok_s_all"], m["tok_s_all"]))
-            out.append((b, r["tok_s"], m["tok_s"], ratio))
+            ratio = statistics.median(a / c for a, c in zip(r["decode_all"], m["decode_all"]))
+            cpu = None
+            if r.get("cpu_all") and m.get("cpu_all"):
+                cpu = statistics.median(c / a for a, c in zip(r["cpu_all"], m["cpu_all"]))
+            out.append((b, r["decode_tok_s"], m["decode_tok_s"], ratio, cpu))
     return out
 
 
 def format_curve(rows: List[dict], label: str) -> str:
-    lines = [f"verify cost curve ({label}): one target forward over T tokens, context 64",
-             f"{'T':>4} {'ms':>8} {'x T=1':>7}"]
+    lines = [f"verify cost curve ({label}): one target forward over T tokens, context 64, "
+             f"median and min of 7",
+             f"{'T':>4} {'median ms':>10} {'x T=1':>7} {'min ms':>8} {'x T=1':>7}"]
+    m1 = rows[0].get("min_ms") or 1.0
     for r in rows:
-        lines.append(f"{r['T']:>4} {r['median_ms']:>8.2f} {r['ratio_to_T1']:>7.2f}")
+        mn = r.get("min_ms")
+        lines.append(f"{r['T']:>4} {r['median_ms']:>10.2f} {r['ratio_to_T1']:>7.2f} "
+                     f"{_f(mn):>8} {_f(mn / m1 if mn else None):>7}")
     return "\n".join(lines)
 
 
@@ -604,8 +664,12 @@ def write_plots(report: dict, directory, curve=None) -> List[str]:
     rows = [r for r in report["rows"] if r.get("tok_s")]
     series = {"chain": ("treespec chain", "o-"), "confidence": ("confidence tree", "s-"),
               "mlx-lm": ("mlx-lm chain", "^--"), "fixed": ("fixed tree", "D")}
-    title = report.get("machine", {}).get("blas", "")
-    for metric, ylabel, fname in (("tok_s", "tokens / s (median)", "tok_s_vs_budget.png"),
+    m = report.get("machine", {})
+    title = (f"{m.get('blas_key', '?')}, mlx {m.get('mlx', '?')}, git {m.get('git', '?')}; "
+             f"{report.get('prompts')} prompts x {report.get('max_tokens')} tokens, "
+             f"median of {report.get('repeats')}")
+    for metric, ylabel, fname in (("decode_tok_s", "decode tokens / s (median; prefill excluded)",
+                                   "tok_s_vs_budget.png"),
                                   ("emitted_per_verify", "emitted per verify",
                                    "emitted_per_verify_vs_budget.png")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -620,8 +684,8 @@ def write_plots(report: dict, directory, curve=None) -> List[str]:
             if r["kind"] == "auto" and r.get(metric) is not None:
                 ax.plot([r["budget"]], [r[metric]], "*", markersize=14, label=r["name"])
         classic = next((r for r in rows if r["kind"] == "classic"), None)
-        if classic and metric == "tok_s":
-            ax.axhline(classic["tok_s"], color="gray", ls=":", label="classic")
+        if classic and metric == "decode_tok_s":
+            ax.axhline(classic["decode_tok_s"], color="gray", ls=":", label="classic")
         ax.set_xlabel("draft nodes per verify (node budget; chain block - 1)")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=8)
@@ -634,12 +698,17 @@ def write_plots(report: dict, directory, curve=None) -> List[str]:
     if curve:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ts = [r["T"] for r in curve]
-        ax.plot(ts, [r["median_ms"] for r in curve], "o-", label="measured")
+        ax.plot(ts, [r["median_ms"] for r in curve], "o-", label="median")
+        if all("min_ms" in r for r in curve):
+            ax.plot(ts, [r["min_ms"] for r in curve], ".--", alpha=0.6, label="min")
         c1 = curve[0]["median_ms"]
-        ax.plot(ts, [c1 * t for t in ts], ":", color="gray", label="T x cost(1)")
+        top = max(r["median_ms"] for r in curve)
+        ax.plot(ts, [c1 * t for t in ts], ":", color="gray", label="T x cost(1) (linear)")
+        ax.set_ylim(0, top * 1.3)
         ax.set_xlabel("T (tokens in one target forward)")
-        ax.set_ylabel("ms (median)")
-        ax.set_title(f"verify cost vs T; {title}", fontsize=8)
+        ax.set_ylabel("ms")
+        ax.set_title(f"one target forward over T tokens, context 64; "
+                     f"{m.get('blas_key', '?')}, mlx {m.get('mlx', '?')}", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -694,7 +763,7 @@ def cmd_bench(args) -> int:
         from .costcurve import verify_cost_curve
 
         t0 = time.perf_counter()
-        curve = verify_cost_curve(target, CURVE_TS, context=64, repeats=5, warmup=2)
+        curve = verify_cost_curve(target, CURVE_TS, context=64, repeats=7, warmup=2)
         say(format_curve(curve, f"target, {time.perf_counter() - t0:.1f}s"))
         report_extra["verify_curve"] = curve
 
@@ -745,8 +814,8 @@ def add_parser(sub):
     p.add_argument("--model", help="target mlx-lm checkpoint (default: the trained pair)")
     p.add_argument("--draft-model", help="draft mlx-lm checkpoint (with --model)")
     p.add_argument("--prompts", type=int, default=3, help=f"Python prompts, 1..{len(PROMPTS)}")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians)")
+    p.add_argument("--max-tokens", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats (medians)")
     p.add_argument("--blocks", type=parse_blocks, default=parse_blocks(DEFAULT_BLOCKS),
                    help="chain blocks (and confidence budgets block-1): LO..HI or a list")
     p.add_argument("--trees", type=parse_trees,

@@ -72,12 +72,22 @@ def cmd_generate(args) -> int:
         draft, draft_tok = load_checkpoint(draft_path, "draft-model")
         check_same_tokenizer(tokenizer, draft_tok, target, draft)
     prompt = tokenizer.encode(args.prompt)
+    shape = dict(mode=args.mode, block=args.block, branching=args.tree_branching,
+                 parents=args.tree_parents, budget=args.budget, width=args.width)
+    chosen = None
+    if args.mode == "auto":
+        if args.temp > 0:
+            raise CliError("--mode auto calibrates greedy decoding; pick chain or tree with --temp")
+        from .auto import choose, decode_kwargs
+
+        chosen = choose(target, draft, tokenizer=tokenizer, allow_inexact=args.allow_inexact)
+        print(f"treespec: auto chose {decode_kwargs(chosen)}: {chosen['reason']}", file=sys.stderr)
+        shape = {**dict(block=args.block, branching=None, parents=None, budget=None,
+                        width=args.width), **decode_kwargs(chosen)}
     try:
-        result = decode(target, prompt, mode=args.mode, draft_model=draft,
+        result = decode(target, prompt, draft_model=draft,
                         max_tokens=args.max_tokens,
-                        eos_token_ids=list(tokenizer.eos_token_ids),
-                        block=args.block, branching=args.tree_branching,
-                        parents=args.tree_parents, budget=args.budget, width=args.width,
+                        eos_token_ids=list(tokenizer.eos_token_ids), **shape,
                         allow_inexact=args.allow_inexact, temperature=args.temp,
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     except TreeRefused as e:
@@ -89,6 +99,8 @@ def cmd_generate(args) -> int:
     summary = result.stats.summary()
     summary["model"], summary["draft_model"] = str(model_path), draft_path and str(draft_path)
     summary["device"] = str(mx.default_device())
+    if chosen is not None:
+        summary["auto"] = {"chose": decode_kwargs(chosen), "reason": chosen["reason"]}
     try:
         from .blas import describe, detect
 
@@ -133,8 +145,9 @@ def build_parser():
     g = sub.add_parser("generate", help="decode a prompt (classic, chain or tree)")
     g.add_argument("--model", help="target mlx-lm checkpoint directory (default: the zoo pair)")
     g.add_argument("--draft-model", help="draft mlx-lm checkpoint directory")
-    g.add_argument("--mode", choices=("classic", "chain", "tree"), default="chain",
-                   help="tree drafting is off unless asked for (default: chain)")
+    g.add_argument("--mode", choices=("classic", "chain", "tree", "auto"), default="chain",
+                   help="tree drafting is off unless asked for (default: chain); auto picks "
+                        "chain or tree and its size from measured verify cost and acceptance")
     g.add_argument("--block", type=int, default=4, help="chain verify width (drafts + 1)")
     g.add_argument("--tree-branching", type=_ints, default=None,
                    help="fixed tree: children per node at each depth, e.g. 3,2,1")

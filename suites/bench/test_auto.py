@@ -1,0 +1,250 @@
+"""treespec.auto's choice logic on synthetic cost curves and acceptance.
+
+No model, no timing: the measurements ``choose`` would take are made up, and
+what is checked is the arithmetic (expected emitted tokens from per-round
+acceptance, round costs from the verify curve) and the rules (the fastest
+predicted candidate; a tree needs the margin over the best chain; never a
+candidate the exactness probe declined; never below the best chain's
+prediction)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from treespec.auto import (
+    Candidate,
+    _per_depth,
+    decode_kwargs,
+    emitted_by_budget,
+    emitted_chain,
+    monotone,
+    pick,
+    predict,
+    tree_ranks,
+)
+
+
+def flat(c1=10.0, tmax=16):
+    return {t: c1 for t in range(1, tmax + 1)}
+
+
+def linear(c1=10.0, tmax=16):
+    return {t: c1 * t for t in range(1, tmax + 1)}
+
+
+def chain_run(block, accepted, verify_ms, draft_ms, other_ms=0.5):
+    return {"block": block, "accepted": list(accepted), "verify_ms": verify_ms,
+            "draft_ms": draft_ms, "other_ms": other_ms}
+
+
+def path_record(depth, budget):
+    """One round of a confidence tree of ``budget`` nodes: a chain-like ranking
+    (node i has rank i - 1) whose accepted path is nodes 1..depth."""
+    logprobs = {0: 0.0, **{i: -0.1 * i for i in range(1, budget + 1)}}
+    return logprobs, tuple(range(depth + 1))
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+
+def test_emitted_chain_cuts_each_round_at_the_block():
+    accepted = [0, 1, 3, 7]
+    assert emitted_chain(accepted, 2) == 1 + (0 + 1 + 1 + 1) / 4
+    assert emitted_chain(accepted, 4) == 1 + (0 + 1 + 3 + 3) / 4
+    assert emitted_chain(accepted, 8) == 1 + 11 / 4
+
+
+def test_the_curve_is_made_non_decreasing_by_pooling_dips():
+    assert monotone({1: 6.0, 2: 7.0, 3: 12.0, 4: 10.0, 5: 11.0}) == {
+        1: 6.0, 2: 7.0, 3: 11.0, 4: 11.0, 5: 11.0}
+    flat_ = {1: 5.0, 2: 5.0}
+    assert monotone(flat_) == flat_
+
+
+def test_per_depth_acceptance_is_conditional():
+    # 4 rounds: accepted 0, 1, 2, 2 drafts of 2
+    assert _per_depth([0, 1, 2, 2], 2) == [3 / 4, 2 / 3]
+
+
+def test_tree_ranks_follow_cumulative_logprob_then_creation_order():
+    ranks = tree_ranks({0: 0.0, 1: -1.0, 2: -0.5, 3: -0.5, 4: -2.0})
+    assert ranks == {2: 0, 3: 1, 1: 2, 4: 3}
+
+
+def test_emitted_by_budget_accepts_the_prefix_of_the_path_inside_the_top_n():
+    # Root 0; children 1 (lp -0.2) and 2 (lp -1.0); 3 under 1 (lp -0.5); 4 under 3 (-3).
+    logprobs = {0: 0.0, 1: -0.2, 2: -1.0, 3: -0.5, 4: -3.0}
+    # ranks: 1 -> 0, 3 -> 1, 2 -> 2, 4 -> 3. Accepted path 0-1-3-4.
+    rec = (logprobs, (0, 1, 3, 4))
+    assert emitted_by_budget([rec], 4) == [1.0, 2.0, 3.0, 3.0, 4.0]
+    # A path through the low-ranked sibling needs budget 3 to be seen at all.
+    rec2 = (logprobs, (0, 2))
+    assert emitted_by_budget([rec2], 4) == [1.0, 1.0, 1.0, 2.0, 2.0]
+
+
+def test_emitted_by_budget_of_a_chain_ranking_equals_emitted_chain():
+    accepted = [0, 2, 5, 3, 1]
+    recs = [path_record(a, 7) for a in accepted]
+    es = emitted_by_budget(recs, 7)
+    for n in range(1, 8):
+        assert es[n] == pytest.approx(emitted_chain(accepted, n + 1))
+
+
+def test_measured_points_are_predicted_as_measured():
+    curve = linear(6.0, 8)
+    lo = chain_run(2, [1, 0, 1], verify_ms=13.0, draft_ms=2.0, other_ms=0.4)
+    hi = chain_run(8, [3, 0, 7, 2], verify_ms=50.0, draft_ms=14.0, other_ms=0.9)
+    cands = {c.name: c for c in predict(curve, 7.0, [lo, hi], max_block=8)}
+    for run in (lo, hi):
+        c = cands[f"chain b={run['block']}"]
+        assert c.source == "measured"
+        assert (c.verify_ms, c.draft_ms, c.other_ms) == (run["verify_ms"], run["draft_ms"],
+                                                         run["other_ms"])
+    # Between them: verify on the line alpha + beta * cost(T) through both points,
+    # draft and the rest linear in the block.
+    c5 = cands["chain b=5"]
+    assert c5.source == "model"
+    assert c5.verify_ms == pytest.approx(13.0 + (50.0 - 13.0) * (30 - 12) / (48 - 12))
+    assert c5.draft_ms == pytest.approx(2.0 + 12.0 * 3 / 6)
+    assert c5.emitted == pytest.approx(emitted_chain(hi["accepted"], 5))
+    assert cands["classic"].tok_s == pytest.approx(1e3 / 7.0)
+
+
+# ----------------------------------------------------------------------------- choices
+
+
+def chains_on(curve, accepted, draft_step, overhead=0.5, blocks=(2, 8)):
+    """Measured chains consistent with a curve: verify = cost(block) + overhead."""
+    return [chain_run(b, accepted, curve[b] + overhead, draft_step * (b - 1)) for b in blocks]
+
+
+def test_flat_curve_and_good_acceptance_choose_a_long_chain():
+    curve = flat(10.0)
+    chains = chains_on(curve, [7, 6, 7, 5, 7, 7], draft_step=0.5)
+    choice, _ = pick(predict(curve, 10.5, chains, max_block=8))
+    assert choice.kind == "chain" and choice.block >= 6
+
+
+def test_verify_cost_linear_in_T_chooses_classic():
+    # Every extra node costs a full target step: speculation cannot win.
+    curve = linear(10.0)
+    chains = chains_on(curve, [1, 2, 0, 3], draft_step=2.0)
+    choice, _ = pick(predict(curve, 10.5, chains, max_block=8))
+    assert choice.kind == "classic"
+
+
+def test_without_classic_the_cheapest_chain_wins_a_linear_curve():
+    curve = linear(10.0)
+    chains = chains_on(curve, [1, 2, 0, 3], draft_step=2.0)
+    choice, _ = pick(predict(curve, None, chains, max_block=8), allow_classic=False)
+    assert choice.kind == "chain" and choice.block == 2
+
+
+def tree_run(curve, accepted, budget, draft_ms, overhead=0.5):
+    return {"budget": budget, "width": 4, "records": [path_record(a, budget) for a in accepted],
+            "nodes": budget + 1, "verify_ms": curve[budget + 1] + overhead,
+            "draft_ms": draft_ms, "other_ms": 0.5, "steps": budget + 1}
+
+
+def test_a_tree_that_beats_the_chain_by_the_margin_is_chosen():
+    curve = flat(10.0)
+    chains = chains_on(curve, [1, 1, 0, 2], draft_step=0.5, blocks=(2, 4))
+    tree = tree_run(curve, [3, 3, 2, 3], budget=3, draft_ms=1.5)  # accepts far deeper
+    choice, _ = pick(predict(curve, 10.5, chains, tree, max_block=4), margin=0.05)
+    assert choice.kind == "confidence" and choice.budget == 3
+
+
+def test_a_tree_within_the_margin_loses_to_the_chain():
+    curve = flat(10.0)
+    chains = chains_on(curve, [3] * 9 + [2], draft_step=0.5, blocks=(2, 4))
+    tree = tree_run(curve, [3] * 10, budget=3, draft_ms=1.5)  # 4.0 vs 3.9 emitted: ~3% better
+    cands = predict(curve, None, chains, tree, max_block=4)
+    best_tree = max((c for c in cands if c.kind == "confidence"), key=lambda c: c.tok_s)
+    best_chain = max((c for c in cands if c.kind == "chain"), key=lambda c: c.tok_s)
+    assert best_chain.tok_s < best_tree.tok_s < best_chain.tok_s * 1.05
+    choice, _ = pick(cands, margin=0.05, allow_classic=False)
+    assert choice.kind == "chain"
+
+
+def test_a_candidate_the_probe_declines_is_never_chosen():
+    curve = flat(10.0)
+    chains = chains_on(curve, [7, 7, 7, 6], draft_step=0.5)
+    declined = []
+
+    def eligible(c):
+        if c.kind == "chain" and c.block > 4:
+            declined.append(c.block)
+            return False, "probe: differs at M=5"
+        return True, "probe passed"
+
+    choice, ranked = pick(predict(curve, 10.5, chains, max_block=8), eligible=eligible)
+    assert choice.kind == "chain" and choice.block == 4
+    assert declined and all(c.eligible is False for c in ranked if c.block and c.block > 4
+                            and c.kind == "chain" and c.why)
+
+
+def test_no_eligible_candidate_is_an_error_naming_the_reasons():
+    curve = flat(10.0)
+    chains = chains_on(curve, [1], draft_step=0.5, blocks=(2,))
+    with pytest.raises(RuntimeError, match="differs"):
+        pick(predict(curve, None, chains, max_block=2), allow_classic=False,
+             eligible=lambda c: (False, "probe: differs"))
+
+
+@given(
+    c1=st.floats(1.0, 50.0),
+    slope=st.floats(0.0, 1.5),
+    draft_step=st.floats(0.0, 20.0),
+    overhead=st.floats(0.0, 5.0),
+    accepted=st.lists(st.integers(0, 7), min_size=1, max_size=30),
+    tree_accepted=st.lists(st.integers(0, 7), min_size=1, max_size=30),
+    classic=st.one_of(st.none(), st.floats(1.0, 80.0)),
+    margin=st.floats(0.0, 0.2),
+)
+def test_the_choice_is_never_predicted_slower_than_the_best_chain(
+        c1, slope, draft_step, overhead, accepted, tree_accepted, classic, margin):
+    curve = {t: c1 * (1 + slope * (t - 1)) for t in range(1, 17)}
+    chains = chains_on(curve, accepted, draft_step, overhead)
+    tree = tree_run(curve, tree_accepted, budget=7, draft_ms=draft_step * 8)
+    cands = predict(curve, classic, chains, tree, max_block=8)
+    choice, _ = pick(cands, margin=margin)
+    best_chain = max(c.tok_s for c in cands if c.kind == "chain")
+    assert choice.tok_s >= best_chain * (1 - 1e-12)
+    if choice.kind == "confidence":
+        assert choice.tok_s * (1 - margin) >= best_chain * (1 - 1e-12)
+
+
+def test_decode_kwargs_of_each_kind():
+    assert Candidate("chain", block=3).decode_kwargs() == {"mode": "chain", "block": 3}
+    assert Candidate("confidence", budget=5, width=3).decode_kwargs() == {
+        "mode": "tree", "budget": 5, "width": 3}
+    assert Candidate("fixed", branching=(2, 2, 1)).decode_kwargs() == {
+        "mode": "tree", "branching": [2, 2, 1]}
+    assert Candidate("classic").decode_kwargs() == {"mode": "classic"}
+    choice = {"mode": "tree", "block": None, "budget": 4, "branching": None, "width": 4,
+              "reason": "..."}
+    assert decode_kwargs(choice) == {"mode": "tree", "budget": 4, "width": 4}
+
+
+@pytest.mark.slow
+def test_choose_on_the_trained_pair_returns_a_decodable_choice_with_its_reasons():
+    import mlx_lm
+
+    from treespec.auto import choose
+    from treespec.cli import default_pair
+    from treespec.decode import decode
+
+    tp, dp = default_pair()
+    target, tok = mlx_lm.load(str(tp))
+    draft, _ = mlx_lm.load(str(dp))
+    c = choose(target, draft, tokenizer=tok, max_block=3, max_tokens=8, repeats=1)
+    assert set(c) >= {"mode", "block", "budget", "branching", "width", "reason", "predicted"}
+    assert c["mode"] in ("classic", "chain", "tree")
+    assert c["reason"].startswith("predicted ")
+    assert "verify cost(T)/cost(1)" in c["reason"] and "per-depth acceptance" in c["reason"]
+    names = {p["name"] for p in c["details"]["candidates"]}
+    assert names == {"classic", "chain b=2", "chain b=3", "conf n=1", "conf n=2"}
+    prompt = tok.encode("def f(x):\n")
+    want = decode(target, prompt, mode="classic", max_tokens=8).tokens
+    got = decode(target, prompt, draft_model=draft, max_tokens=8, **decode_kwargs(c)).tokens
+    assert got == want

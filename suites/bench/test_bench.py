@@ -1,0 +1,258 @@
+"""treespec bench: its structure and its gating, not its timings.
+
+Contract 10 (a figure only next to the exactness checks it passed in the same
+run) is pinned with fake runners and a fake gate, so a failing probe and a
+failing text diff can be staged; one small run on the trained pair checks the
+real paths (treespec decode, mlx-lm's speculative decoding, the shared probe)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from treespec import bench as B
+from treespec.cli import build_parser, default_pair
+from treespec.gate import Decision
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def test_blocks_parse_ranges_and_lists():
+    assert B.parse_blocks("2..8") == [2, 3, 4, 5, 6, 7, 8]
+    assert B.parse_blocks("6,2,4") == [2, 4, 6]
+    for bad in ("1..4", "x", "", "3..2"):
+        with pytest.raises(Exception):
+            B.parse_blocks(bad)
+
+
+def test_trees_parse_branching_lists():
+    assert B.parse_trees("2,1,1 2,2,1") == [(2, 1, 1), (2, 2, 1)]
+    assert B.parse_trees("3,1;2") == [(3, 1), (2,)]
+    assert B.parse_trees("") == []
+    with pytest.raises(Exception):
+        B.parse_trees("2,0")
+
+
+def test_the_bench_command_and_its_defaults():
+    args = build_parser().parse_args(["bench"])
+    assert args.func is B.cmd_bench
+    assert args.blocks == [2, 3, 4, 5, 6, 7, 8]
+    assert args.trees == [(2, 1, 1), (2, 2, 1), (3, 1, 1, 1)]
+    assert (args.prompts, args.repeats, args.model, args.plot) == (3, 5, None, None)
+    assert not args.verify_curve and not args.json and args.blas == "auto"
+    args = build_parser().parse_args(["bench", "--blocks", "2,4", "--verify-curve", "--json",
+                                      "--plot", "out", "--blas", "openblas"])
+    assert args.blocks == [2, 4] and args.verify_curve and args.plot == "out"
+
+
+def test_configurations_cover_every_mode_at_matching_budgets():
+    configs = B.build_configs([2, 4], [(2, 2, 1)])
+    names = [c.name for c in configs]
+    assert names == ["classic", "chain b=2", "chain b=4", "fixed [2,2,1]", "conf n=1",
+                     "conf n=3", "mlx-lm b=2", "mlx-lm b=4"]
+    budgets = {c.name: c.budget for c in configs}
+    assert budgets["chain b=4"] == budgets["conf n=3"] == budgets["mlx-lm b=4"] == 3
+    assert budgets["fixed [2,2,1]"] == 2 + 4 + 4
+    by = {c.name: c for c in configs}
+    assert by["chain b=4"].decode_kwargs() == {"mode": "chain", "block": 4}
+    assert by["conf n=3"].decode_kwargs() == {"mode": "tree", "budget": 3, "width": 4}
+    assert by["fixed [2,2,1]"].decode_kwargs() == {"mode": "tree", "branching": [2, 2, 1]}
+    # mlx-lm's chain verify is probed with the chain shapes of its block
+    assert by["mlx-lm b=4"].probe_shapes() == by["chain b=4"].probe_shapes()
+    assert not by["classic"].speculative and by["classic"].probe_shapes() is None
+
+
+def test_auto_rows_decode_as_their_choice():
+    chain = B.auto_config({"mode": "chain", "block": 3, "budget": 2, "branching": None,
+                           "width": None, "reason": "r"})
+    assert chain.name == "auto (chain b=3)" and chain.decode_kwargs() == {
+        "mode": "chain", "block": 3, "budget": 2}
+    tree = B.auto_config({"mode": "tree", "block": None, "budget": 5, "branching": None,
+                          "width": 4, "reason": "r"})
+    assert tree.name == "auto (conf n=5)" and tree.effective_kind() == "confidence"
+    classic = B.auto_config({"mode": "classic", "reason": "r"})
+    assert classic.name == "auto (classic)" and not classic.speculative
+
+
+# ----------------------------------------------------------------------------- gating (fakes)
+
+
+REF = [[5, 6, 7, 8], [9, 10, 11]]
+
+
+def fake(tokens_of, rounds=2, wall=0.01):
+    """A runner returning fixed tokens per prompt and plausible stats."""
+
+    def runner(target, draft, prompt, max_tokens, eos):
+        toks = tokens_of(prompt)
+        stats = {"rounds": rounds, "proposed": 2 * rounds, "accepted": rounds, "emitted": len(toks),
+                 "depth_accepted": [rounds, 0], "depth_reached": [rounds, rounds],
+                 "time_ms": {"prefill": 0.1, "draft": 1.0, "verify": 2.0, "walk": 0.1,
+                             "commit": 0.2}}
+        return B.Run(list(toks), wall, stats)
+
+    return runner
+
+
+def staged_configs():
+    good = fake(lambda p: REF[p[0]])
+    bad_text = fake(lambda p: REF[p[0]][:2] + [99] + REF[p[0]][3:])
+    return [
+        B.Config("classic", "classic", runner=fake(lambda p: REF[p[0]], rounds=4)),
+        B.Config("chain b=3", "chain", block=3, budget=2, runner=good, shapes=[(-1, 0, 1)]),
+        B.Config("conf n=2", "confidence", budget=2, runner=bad_text, shapes=[(-1, 0, 0)]),
+        B.Config("fixed [9]", "fixed", branching=(9,), budget=9, runner=good,
+                 shapes=[("inexact",)]),
+    ]
+
+
+def staged_decide(model, shapes, allow_inexact=False):
+    if shapes == [("inexact",)]:
+        return Decision(False, False, "declined to classic decode: 1 of 1 shapes differ (staged)")
+    return Decision(True, True, "probe passed (staged)")
+
+
+@pytest.fixture(scope="module")
+def staged():
+    return B.bench(None, None, [[0], [1]], staged_configs(), max_tokens=4, repeats=3,
+                   decide=staged_decide)
+
+
+def test_a_failing_probe_prints_no_figure_only_its_reason(staged):
+    row = next(r for r in staged["rows"] if r["name"] == "fixed [9]")
+    assert row["exact"] is False and row["reason"].startswith("probe: declined")
+    assert "tok_s" not in row
+    line = next(ln for ln in B.format_table(staged).splitlines() if ln.startswith("fixed [9]"))
+    assert "GATED" in line and "staged" in line and "probe+text" not in line
+
+
+def test_a_text_diff_against_classic_prints_no_figure_only_where_it_differs(staged):
+    row = next(r for r in staged["rows"] if r["name"] == "conf n=2")
+    assert row["exact"] is False
+    assert row["reason"] == ("text: tokens differ from classic on prompt 0 at token 2 "
+                             "(got 99, classic 7; repeat 0)")
+    assert "tok_s" not in row
+    line = next(ln for ln in B.format_table(staged).splitlines() if ln.startswith("conf n=2"))
+    assert "GATED" in line and "token 2" in line
+
+
+def test_a_passing_configuration_says_which_checks_stand_behind_its_figure(staged):
+    row = next(r for r in staged["rows"] if r["name"] == "chain b=3")
+    assert row["exact"] and row["checks"] == "probe+text" and row["tok_s"] > 0
+    assert len(row["tok_s_all"]) == 3
+    line = next(ln for ln in B.format_table(staged).splitlines() if ln.startswith("chain b=3"))
+    assert "probe+text" in line
+    classic = next(ln for ln in B.format_table(staged).splitlines() if ln.startswith("classic"))
+    assert "reference" in classic
+
+
+def test_round_statistics_and_speedups_are_aggregated_over_prompts(staged):
+    row = next(r for r in staged["rows"] if r["name"] == "chain b=3")
+    assert row["tokens"] == 7 and row["rounds"] == 4
+    assert row["emitted_per_verify"] == 7 / 4 and row["acceptance"] == 0.5
+    assert row["per_depth_acceptance"] == [1.0, 0.0]
+    assert row["ms_per_round"]["verify"] == pytest.approx(2.0 / 2)
+    # no model, no prefill: decode tok/s is end to end here
+    assert row["decode_tok_s"] == row["tok_s"] == pytest.approx(7 / 0.02)
+    assert staged["prefill_ms"] == [{"target": 0.0, "draft": 0.0}] * 2
+    # equal walls per run: classic and chain emit the same tokens in the same time
+    assert row["x_classic"] == pytest.approx(1.0)
+    assert row["x_best_chain"] == pytest.approx(1.0)
+    assert staged["best_chain"] == "chain b=3"
+
+
+def test_classic_must_come_first():
+    configs = staged_configs()
+    with pytest.raises(ValueError, match="classic"):
+        B.bench(None, None, [[0]], configs[1:], max_tokens=4, repeats=1, decide=staged_decide)
+
+
+def test_chain_vs_mlx_lm_is_matched_by_block():
+    rows = [{"kind": "chain", "block": 3, "tok_s": 1.0, "decode_tok_s": 90.0,
+             "decode_all": [90.0, 80.0], "cpu_all": [10.0, 10.0]},
+            {"kind": "mlx-lm", "block": 3, "tok_s": 1.0, "decode_tok_s": 100.0,
+             "decode_all": [100.0, 100.0], "cpu_all": [9.0, 9.0]},
+            {"kind": "chain", "block": 4, "tok_s": 1.0, "decode_tok_s": 90.0, "decode_all": [90.0]}]
+    assert B.chain_vs_mlx_lm({"rows": rows}) == [
+        (3, 90.0, 100.0, pytest.approx(0.85), pytest.approx(0.9))]
+
+
+def test_plots_are_written(tmp_path, staged):
+    pytest.importorskip("matplotlib")
+    curve = [{"T": 1, "median_ms": 1.0, "ratio_to_T1": 1.0},
+             {"T": 2, "median_ms": 1.5, "ratio_to_T1": 1.5}]
+    written = B.write_plots(staged, tmp_path / "plots", curve)
+    assert sorted(Path(p).name for p in written) == [
+        "emitted_per_verify_vs_budget.png", "tok_s_vs_budget.png", "verify_cost_vs_T.png"]
+    assert all(Path(p).stat().st_size > 1000 for p in written)
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys):
+    from treespec import cli
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert cli.main(["bench", "--plot", "somewhere"]) == 2
+    assert "matplotlib" in capsys.readouterr().err
+
+
+def test_model_without_draft_model_is_refused(capsys):
+    from treespec import cli
+
+    target, _ = default_pair()
+    assert cli.main(["bench", "--model", str(target)]) == 2
+    assert "--draft-model" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the real paths
+
+
+@pytest.fixture(scope="module")
+def pair():
+    import mlx_lm
+
+    target_path, draft_path = default_pair()
+    target, tok = mlx_lm.load(str(target_path))
+    draft, _ = mlx_lm.load(str(draft_path))
+    return target, draft, tok
+
+
+@pytest.mark.slow
+def test_a_small_bench_on_the_trained_pair_passes_every_check(pair):
+    target, draft, tok = pair
+    configs = B.build_configs([3], [(2, 1)])
+    prompts = [tok.encode(B.PROMPTS[0])]
+    report = B.bench(target, draft, prompts, configs, max_tokens=10, repeats=1,
+                     eos=list(tok.eos_token_ids), warmup_tokens=2)
+    rows = {r["name"]: r for r in report["rows"]}
+    assert set(rows) == {"classic", "chain b=3", "fixed [2,1]", "conf n=2", "mlx-lm b=3"}
+    for name, r in rows.items():
+        assert r["exact"], (name, r["reason"])
+        assert r["tokens"] == 10 and r["decode_tok_s"] > r["tok_s"] > 0
+    assert all(p["target"] > 0 and p["draft"] > 0 for p in report["prefill_ms"])
+    assert rows["chain b=3"]["checks"] == "probe+text"
+    assert rows["mlx-lm b=3"]["checks"] == "probe+text"
+    # mlx-lm's rounds, recovered from from_draft, add up like treespec's
+    m = rows["mlx-lm b=3"]
+    assert m["rounds"] >= 1 and m["acceptance"] is not None
+    assert 1.0 <= m["emitted_per_verify"] <= 3.0
+    assert rows["chain b=3"]["ms_per_round"].keys() >= {"draft", "verify", "walk", "commit"}
+
+
+@pytest.mark.slow
+def test_bench_command_json(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "treespec", "bench", "--prompts", "1", "--max-tokens", "4",
+         "--repeats", "1", "--blocks", "2", "--trees", "", "--no-auto", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [r["name"] for r in report["rows"]] == ["classic", "chain b=2", "conf n=1",
+                                                   "mlx-lm b=2"]
+    assert report["machine"]["blas"].startswith("BLAS:")
+    assert "mlx" in report["machine"] and "git" in report["machine"]
+    assert all(r["exact"] for r in report["rows"])

@@ -1,0 +1,541 @@
+"""``auto``: choose chain or tree, and its size, from what this machine measures.
+
+    from treespec.auto import choose
+    c = choose(target, draft, tokenizer=tok)      # ~20 s of calibration on the CPU
+    decode(target, prompt, draft_model=draft, **decode_kwargs(c))
+    print(c["reason"])
+
+Inputs, all measured in the calling process:
+
+1. the verify cost curve cost(T) of the target (``treespec.costcurve.verify_cost_curve``,
+   one plain forward over T tokens, T = 1..the largest candidate; the minimum of 9,
+   made non-decreasing in T);
+2. a short greedy calibration on prompts of its own (not the bench's): classic, a
+   chain at the smallest and the largest block, and the confidence tree at the
+   largest budget, interleaved over ``repeats`` (timings: the minimum over repeats), giving
+   - per-depth acceptance of the chain (so the emitted count of every smaller block),
+   - the accepted root path and the draft's cumulative log-probabilities of every
+     round of the confidence tree (so the emitted count of every smaller budget: a
+     budget-n tree is the top n nodes of that ranking, ancestor-closed),
+   - the time per round of drafting, verifying and the rest (walk, commit, loop).
+
+The model, per candidate (chain b = 2..max_block, confidence tree n = 1..max_block-1,
+fixed trees when asked, and classic):
+
+    tokens per ms = E[emitted per round] / (verify(T) + draft + other)
+
+verify(T) = alpha + beta * cost(T), alpha and beta fitted on the two measured chains
+(so the adapter's own overhead over a plain forward is in it); chain draft and other
+costs are linear in the block between the two measured chains; the tree's are anchored
+at its measured budget (draft proportional to the number of expansion steps, verify
+moved along the curve). Classic is its measured time per token. All of it is steady
+state: prefill is left out of every figure (a speculative run also prefills the draft
+model, a cost that a short generation feels and a long one does not).
+
+The choice is the highest predicted throughput, except that a tree must beat the best
+chain (and classic) by ``margin`` to be chosen over it: a tree's estimate comes from
+one budget's run, a chain's from two. Every candidate is gated by the exactness probe
+(``treespec.gate.decide``) in order of preference, so an inexact configuration is
+never chosen. ``reason`` gives the numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+# Calibration prompts: Python code, distinct from treespec.bench.PROMPTS.
+CALIBRATION_PROMPTS = [
+    "import json\n\n\ndef load(path):\n",
+    "class Node:\n    def __init__(self, value, children=None):\n",
+]
+
+KIND_RANK = {"classic": 0, "chain": 1, "fixed": 2, "confidence": 3}
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@dataclass
+class Candidate:
+    kind: str  # classic | chain | fixed | confidence
+    block: Optional[int] = None  # chain
+    budget: int = 0  # draft nodes per round
+    branching: Optional[tuple] = None  # fixed
+    width: int = 4
+    nodes: float = 1.0  # verify width T (mean)
+    emitted: float = 1.0  # expected tokens per verify round
+    verify_ms: float = 0.0
+    draft_ms: float = 0.0
+    other_ms: float = 0.0
+    source: str = "model"  # measured | model
+    eligible: Optional[bool] = None  # probe verdict, once asked
+    why: Optional[str] = None
+
+    @property
+    def round_ms(self) -> float:
+        return self.verify_ms + self.draft_ms + self.other_ms
+
+    @property
+    def tok_s(self) -> float:
+        return 1e3 * self.emitted / self.round_ms if self.round_ms > 0 else 0.0
+
+    @property
+    def name(self) -> str:
+        if self.kind == "classic":
+            return "classic"
+        if self.kind == "chain":
+            return f"chain b={self.block}"
+        if self.kind == "fixed":
+            return "fixed [" + ",".join(map(str, self.branching)) + "]"
+        return f"conf n={self.budget}"
+
+    def decode_kwargs(self) -> dict:
+        if self.kind == "classic":
+            return {"mode": "classic"}
+        if self.kind == "chain":
+            return {"mode": "chain", "block": self.block}
+        if self.kind == "fixed":
+            return {"mode": "tree", "branching": list(self.branching)}
+        return {"mode": "tree", "budget": self.budget, "width": self.width}
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(name=self.name, round_ms=self.round_ms, tok_s=self.tok_s)
+        return d
+
+
+def emitted_chain(accepted: Sequence[int], block: int) -> float:
+    """Mean tokens per round a chain of ``block`` would emit, from the accepted
+    draft counts of rounds of a longer chain (greedy: a shorter chain accepts
+    the same prefix, cut at block - 1)."""
+    if not accepted:
+        raise ValueError("no calibration rounds")
+    return 1.0 + sum(min(a, block - 1) for a in accepted) / len(accepted)
+
+
+def tree_ranks(logprobs: Dict[int, float]) -> Dict[int, int]:
+    """Rank of each non-root node in the confidence drafter's own order:
+    (-cumulative logprob, node index); tree node order is creation order."""
+    order = sorted((n for n in logprobs if n != 0), key=lambda n: (-logprobs[n], n))
+    return {n: r for r, n in enumerate(order)}
+
+
+def emitted_by_budget(records: Sequence[tuple], max_budget: int) -> List[float]:
+    """E[emitted] of a confidence tree of budget n = 0..max_budget, from rounds of
+    one with a larger budget: ``records`` = [(logprobs {node: cum logprob}, path)].
+    A budget-n tree keeps the top n nodes (an ancestor-closed set), so it accepts
+    the prefix of the recorded path whose nodes rank below n."""
+    if not records:
+        raise ValueError("no calibration rounds")
+    out = []
+    for n in range(max_budget + 1):
+        total = 0
+        for logprobs, path in records:
+            rank = tree_ranks(logprobs)
+            k = 0
+            for node in path[1:]:
+                if rank.get(node, n) >= n:
+                    break
+                k += 1
+            total += 1 + k
+        out.append(total / len(records))
+    return out
+
+
+def monotone(curve: Dict[int, float]) -> Dict[int, float]:
+    """The closest non-decreasing curve in least squares (pool adjacent
+    violators), keyed like ``curve``."""
+    ts = sorted(curve)
+    blocks = []  # [sum, count]
+    for t in ts:
+        blocks.append([curve[t], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s_, n_ = blocks.pop()
+            blocks[-1][0] += s_
+            blocks[-1][1] += n_
+    out, i = {}, 0
+    for total, n in blocks:
+        for t in ts[i:i + n]:
+            out[t] = total / n
+        i += n
+    return out
+
+
+def _interp(curve: Dict[int, float], t: float) -> float:
+    """cost(T) at a possibly fractional or unmeasured T (linear; extrapolated
+    from the last two points)."""
+    ts = sorted(curve)
+    if t in curve:
+        return curve[t]
+    if t <= ts[0]:
+        lo, hi = ts[0], ts[1] if len(ts) > 1 else ts[0]
+    elif t >= ts[-1]:
+        lo, hi = (ts[-2], ts[-1]) if len(ts) > 1 else (ts[-1], ts[-1])
+    else:
+        hi = next(x for x in ts if x > t)
+        lo = max(x for x in ts if x < t)
+    if hi == lo:
+        return curve[lo]
+    return curve[lo] + (curve[hi] - curve[lo]) * (t - lo) / (hi - lo)
+
+
+def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequence[dict],
+            tree: Optional[dict] = None, fixed: Sequence[dict] = (),
+            max_block: int = 8, width: int = 4) -> List[Candidate]:
+    """Every candidate's predicted throughput. Pure: synthetic inputs welcome.
+
+    curve: {T: ms of one target forward over T tokens}.
+    classic_ms: measured ms per token of classic decoding (None: no classic candidate).
+    chains: measured chain runs (one or two blocks), each
+        {block, accepted: [per-round accepted drafts], verify_ms, draft_ms, other_ms}
+        (per round); acceptance is taken from the largest block.
+    tree: a measured confidence run {budget, width, records: [(logprobs, path)],
+        nodes (mean verify width), verify_ms, draft_ms, other_ms, steps (mean draft
+        forwards per round: the root's and one per expansion step)}.
+    fixed: measured fixed-tree runs {branching, budget, emitted, nodes, verify_ms,
+        draft_ms, other_ms}.
+    """
+    if not chains:
+        raise ValueError("predict needs at least one measured chain")
+    chains = sorted(chains, key=lambda c: c["block"])
+    lo, hi = chains[0], chains[-1]
+    accepted = hi["accepted"]
+    cands: List[Candidate] = []
+    if classic_ms:
+        cands.append(Candidate("classic", verify_ms=classic_ms, source="measured"))
+    # verify(T) = alpha + beta * cost(T): two chains fix both, one fixes beta = ratio.
+    c_lo, c_hi = _interp(curve, lo["block"]), _interp(curve, hi["block"])
+    if lo is not hi and c_hi > c_lo:
+        beta = (hi["verify_ms"] - lo["verify_ms"]) / (c_hi - c_lo)
+        beta = max(beta, 0.0)
+        alpha = hi["verify_ms"] - beta * c_hi
+    else:
+        beta, alpha = hi["verify_ms"] / c_hi, 0.0
+
+    def verify_at(t):
+        return alpha + beta * _interp(curve, t)
+
+    def lin(key, b):
+        if lo is hi:
+            # draft scales with the draft forwards (block - 1); the rest is per round
+            return hi[key] * (b - 1) / (hi["block"] - 1) if key == "draft_ms" else hi[key]
+        f = (b - lo["block"]) / (hi["block"] - lo["block"])
+        return max(lo[key] + f * (hi[key] - lo[key]), 0.0)
+
+    measured = {c["block"]: c for c in chains}
+    for b in range(2, max_block + 1):
+        m = measured.get(b)
+        cands.append(Candidate(
+            "chain", block=b, budget=b - 1, nodes=b, emitted=emitted_chain(accepted, b),
+            verify_ms=m["verify_ms"] if m else verify_at(b),
+            draft_ms=m["draft_ms"] if m else lin("draft_ms", b),
+            other_ms=m["other_ms"] if m else lin("other_ms", b),
+            source="measured" if m else "model"))
+    if tree:
+        big = tree["budget"]
+        es = emitted_by_budget(tree["records"], big)
+        steps = tree.get("steps") or (big + 1)
+        for n in range(1, big + 1):
+            # Nodes actually verified scale with the budget (rounds cut short by
+            # max_tokens make the measured mean a little smaller than big + 1).
+            nodes = 1 + n * (tree["nodes"] - 1) / big
+            cands.append(Candidate(
+                "confidence", budget=n, width=tree.get("width", width), nodes=nodes,
+                emitted=es[n],
+                verify_ms=tree["verify_ms"] + beta * (_interp(curve, nodes) - _interp(curve, tree["nodes"])),
+                # one forward for the root, one per expansion step (<= n of them)
+                draft_ms=tree["draft_ms"] * min(n + 1, steps) / steps,
+                other_ms=tree["other_ms"], source="measured" if n == big else "model"))
+    for f in fixed:
+        cands.append(Candidate(
+            "fixed", budget=f["budget"], branching=tuple(f["branching"]), nodes=f["nodes"],
+            emitted=f["emitted"], verify_ms=f["verify_ms"], draft_ms=f["draft_ms"],
+            other_ms=f["other_ms"], source="measured"))
+    return cands
+
+
+def pick(cands: Sequence[Candidate], margin: float = 0.05,
+         eligible: Optional[Callable[[Candidate], tuple]] = None,
+         allow_classic: bool = True) -> tuple:
+    """(choice, ranked list). The fastest predicted candidate, except that a tree
+    needs ``margin`` over the best non-tree one. ``eligible(c) -> (ok, why)`` (the
+    exactness probe) is asked in order of preference until one passes."""
+    pool = [c for c in cands if allow_classic or c.kind != "classic"]
+    if not pool:
+        raise ValueError("no candidates")
+
+    def score(c):
+        # Trees are handicapped by the margin; ties go to the simpler kind, then
+        # to the smaller verify.
+        s = c.tok_s * ((1 - margin) if c.kind in ("fixed", "confidence") else 1.0)
+        return (-s, KIND_RANK[c.kind], c.nodes)
+
+    ranked = sorted(pool, key=score)
+    for c in ranked:
+        if eligible is None or c.kind == "classic":
+            c.eligible = True
+            return c, ranked
+        ok, why = eligible(c)
+        c.eligible, c.why = ok, why
+        if ok:
+            return c, ranked
+    raise RuntimeError("no candidate passed the exactness probe: "
+                       + "; ".join(f"{c.name}: {c.why}" for c in ranked if c.why))
+
+
+def explain(choice: Candidate, ranked: Sequence[Candidate], curve: Dict[int, float],
+            accepted_p: Sequence[float], margin: float) -> str:
+    def fmt(c):
+        return (f"{c.name} {c.tok_s:.0f} tok/s ({c.emitted:.2f} emitted / {c.round_ms:.1f} ms"
+                + (f": verify {c.verify_ms:.1f} + draft {c.draft_ms:.1f} + other {c.other_ms:.1f}"
+                   if c.kind != "classic" else " per token") + f", {c.source})")
+
+    best_of = {}
+    for c in ranked:
+        best_of.setdefault("tree" if c.kind in ("fixed", "confidence") else c.kind, c)
+    parts = [f"predicted {fmt(choice)}"]
+    for k in ("classic", "chain", "tree"):
+        c = best_of.get(k)
+        if c is not None and c is not choice:
+            parts.append(f"best {k}: {fmt(c)}")
+    skipped = [c for c in ranked if c.eligible is False]
+    if skipped:
+        parts.append("gated out: " + "; ".join(f"{c.name} ({c.why})" for c in skipped))
+    ts = [t for t in (2, 4, 8) if t in curve]
+    c1 = curve.get(1)
+    if c1:
+        parts.append("verify cost(T)/cost(1) " + ", ".join(f"T={t} {curve[t] / c1:.2f}" for t in ts)
+                     + f" (cost(1) {c1:.2f} ms)")
+    if accepted_p:
+        parts.append("chain per-depth acceptance " + " ".join(f"{p:.2f}" for p in accepted_p))
+    if choice.kind in ("fixed", "confidence"):
+        parts.append(f"a tree needs {margin:.0%} over the best chain")
+    parts.append("figures are steady state (prefill excluded), from the fastest of the "
+                 "interleaved calibration repeats")
+    return "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _recording(kind: str, **kw):
+    """A drafter that remembers each round's accepted path (and, for the
+    confidence tree, the draft's cumulative log-probabilities)."""
+    from .draft import ChainDrafter, ConfidenceDrafter
+
+    base = ChainDrafter if kind == "chain" else ConfidenceDrafter
+
+    class Recording(base):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.records = []
+            self._forwards = 0
+
+        def draft(self, root, limit=None):
+            self._forwards = 0
+            return super().draft(root, limit)
+
+        def _expand(self, fed_nodes):
+            self._forwards += 1
+            return super()._expand(fed_nodes)
+
+        def commit(self, rnd, path):
+            self.records.append((dict(rnd.logprobs), tuple(path), self._forwards))
+            super().commit(rnd, path)
+
+    return Recording(**kw)
+
+
+def _calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log):
+    """Interleaved greedy runs of each spec; per spec: records of the first
+    repeat and per-round timings, the minimum over repeats (interference from
+    other processes only ever adds time, so the minimum is the estimate of a
+    configuration's own cost that is least at the mercy of a busy machine)."""
+    from .decode import decode
+
+    def run(spec, prompt, mt, keep):
+        if spec["kind"] == "classic":
+            # mlx-lm's generate_step, greedy; steady state: from the first token
+            # (prefill done) to the last, as the speculative rounds exclude prefill.
+            import mlx.core as mx
+            from mlx_lm.generate import generate_step
+
+            stamps, eos_set = [], set(eos or ())
+            t0 = time.perf_counter()
+            for tok, _ in generate_step(mx.array(prompt), target, max_tokens=mt,
+                                        sampler=lambda lp: mx.argmax(lp, axis=-1)):
+                stamps.append(time.perf_counter())
+                if int(tok) in eos_set:
+                    break
+            return {"tokens": len(stamps), "wall": stamps[-1] - t0,
+                    "steady": stamps[-1] - stamps[0], "steps": len(stamps) - 1}
+        if spec["kind"] == "chain":
+            d = _recording("chain", block=spec["block"])
+            mode = "chain"
+        elif spec["kind"] == "confidence":
+            d = _recording("confidence", budget=spec["budget"], width=spec["width"])
+            mode = "tree"
+        else:
+            from .draft import FixedTreeDrafter
+
+            d = FixedTreeDrafter(branching=spec["branching"])
+            mode = "tree"
+        t0 = time.perf_counter()
+        r = decode(target, prompt, mode=mode, draft_model=draft_model, max_tokens=mt,
+                   eos_token_ids=eos, drafter=d, gate=False)
+        wall = time.perf_counter() - t0
+        s = r.stats
+        return {"tokens": len(r.tokens), "wall": wall, "rounds": s.rounds, "time": dict(s.time_ms),
+                "proposed": s.proposed, "emitted": s.emitted,
+                "records": getattr(d, "records", None) if keep else None}
+
+    for spec in specs:  # warm-up
+        run(spec, prompts[0], min(8, max_tokens), False)
+    acc = {i: [] for i in range(len(specs))}
+    for r in range(repeats):
+        k = r % len(specs)
+        order = list(range(len(specs)))[k:] + list(range(len(specs)))[:k]
+        for i in order:
+            acc[i].append([run(specs[i], p, max_tokens, r == 0) for p in prompts])
+    out = []
+    for i, spec in enumerate(specs):
+        reps = acc[i]
+        first = reps[0]
+        res = dict(spec)
+        if spec["kind"] == "classic":
+            res["ms_per_token"] = min(
+                1e3 * sum(x["steady"] for x in rep) / max(1, sum(x["steps"] for x in rep))
+                for rep in reps)
+            out.append(res)
+            continue
+        per = {"verify_ms": [], "draft_ms": [], "other_ms": []}
+        for rep in reps:
+            rounds = sum(x["rounds"] for x in rep)
+            t = {k: sum(x["time"][k] for x in rep) for k in rep[0]["time"]}
+            wall = 1e3 * sum(x["wall"] for x in rep) - t["prefill"]
+            per["verify_ms"].append(t["verify"] / rounds)
+            per["draft_ms"].append(t["draft"] / rounds)
+            per["other_ms"].append((wall - t["verify"] - t["draft"]) / rounds)
+        res.update({k: min(v) for k, v in per.items()})
+        rounds = sum(x["rounds"] for x in first)
+        res["rounds"] = rounds
+        res["nodes"] = 1 + sum(x["proposed"] for x in first) / rounds
+        res["emitted"] = sum(x["tokens"] for x in first) / rounds
+        recs = [rec for x in first for rec in (x["records"] or [])]
+        if spec["kind"] == "chain":
+            res["accepted"] = [len(path) - 1 for _, path, _ in recs]
+        elif spec["kind"] == "confidence":
+            res["records"] = [(lp, path) for lp, path, _ in recs]
+            res["steps"] = statistics.mean(n for _, _, n in recs) if recs else None
+        out.append(res)
+    return out
+
+
+def decode_kwargs(choice: dict) -> dict:
+    """The ``treespec.decode.decode`` keyword arguments of a choice."""
+    return {k: choice[k] for k in ("mode", "block", "budget", "branching", "width")
+            if choice.get(k) is not None}
+
+
+def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer=None,
+           max_block: int = 8, max_tokens: int = 40, repeats: int = 3, width: int = 4,
+           trees: Sequence[Sequence[int]] = (), allow_classic: bool = True,
+           allow_inexact: bool = False, margin: float = 0.05, eos_token_ids=None,
+           decide: Optional[Callable] = None,
+           log: Callable[[str], None] = lambda s: None) -> dict:
+    """Measure, predict, gate, choose. Returns
+    ``dict(mode, block, budget, branching, width, reason, predicted, details)``;
+    ``decode_kwargs(result)`` feeds ``treespec.decode.decode``. ``prompts``: token
+    lists or strings (with ``tokenizer``); default CALIBRATION_PROMPTS. ``decide``:
+    the exactness gate (default ``treespec.gate.decide``)."""
+    from .costcurve import verify_cost_curve
+
+    if decide is None:
+        from .gate import decide
+
+    if max_block < 2:
+        raise ValueError(f"max_block must be >= 2, got {max_block}")
+    t_start = time.perf_counter()
+    if prompts is None:
+        prompts = CALIBRATION_PROMPTS
+    prompts = [p if not isinstance(p, str) else _encode(tokenizer, p) for p in prompts]
+    if eos_token_ids is None and tokenizer is not None:
+        eos_token_ids = list(tokenizer.eos_token_ids)
+
+    from .draft import FixedTreeDrafter
+
+    fixed_sizes = [FixedTreeDrafter(branching=t).budget() + 1 for t in trees]
+    t_max = max([max_block] + fixed_sizes)
+    t0 = time.perf_counter()
+    curve_rows = verify_cost_curve(target, tuple(range(1, t_max + 1)), context=64,
+                                   repeats=9, warmup=2)
+    # The minimum, like the calibration timings (what the machine can do), made
+    # non-decreasing in T: a forward over more tokens never costs less, and a
+    # dip is a busy machine's noise that would otherwise pick the block.
+    curve = monotone({r["T"]: r["min_ms"] for r in curve_rows})
+    log(f"auto: verify cost curve T=1..{t_max} ({time.perf_counter() - t0:.1f}s)")
+
+    specs = [{"kind": "classic"}] if allow_classic else []
+    blocks = sorted({2, max_block})
+    specs += [{"kind": "chain", "block": b} for b in blocks]
+    specs.append({"kind": "confidence", "budget": max_block - 1, "width": width})
+    specs += [{"kind": "fixed", "branching": tuple(t),
+               "budget": FixedTreeDrafter(branching=t).budget()} for t in trees]
+    t0 = time.perf_counter()
+    cal = _calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos_token_ids, log)
+    log(f"auto: calibration {len(specs)} configurations x {len(prompts)} prompts x "
+        f"{max_tokens} tokens x {repeats} ({time.perf_counter() - t0:.1f}s)")
+    classic = next((c for c in cal if c["kind"] == "classic"), None)
+    chains = [c for c in cal if c["kind"] == "chain"]
+    tree = next((c for c in cal if c["kind"] == "confidence"), None)
+    fixed = [c for c in cal if c["kind"] == "fixed"]
+    cands = predict(curve, classic["ms_per_token"] if classic else None, chains, tree, fixed,
+                    max_block=max_block, width=width)
+
+    def eligible(c):
+        d = decide(target, _drafter_for(c).probe_shapes(), allow_inexact=allow_inexact)
+        return d.run, d.reason
+
+    choice, ranked = pick(cands, margin, eligible, allow_classic)
+    hi = max(chains, key=lambda c: c["block"])
+    p_depth = _per_depth(hi["accepted"], hi["block"] - 1)
+    reason = explain(choice, ranked, curve, p_depth, margin)
+    out = {"mode": choice.decode_kwargs()["mode"], "block": choice.block,
+           "budget": choice.budget if choice.kind != "classic" else None,
+           "branching": list(choice.branching) if choice.branching else None,
+           "width": choice.width if choice.kind == "confidence" else None,
+           "kind": choice.kind, "reason": reason,
+           "predicted": [c.to_dict() for c in ranked[:6]],
+           "seconds": time.perf_counter() - t_start,
+           "details": {"curve": curve_rows, "per_depth_acceptance": p_depth,
+                       "calibration": [{k: v for k, v in c.items() if k not in ("records",)}
+                                       for c in cal],
+                       "candidates": [c.to_dict() for c in ranked]}}
+    log(f"auto: chose {choice.name} in {out['seconds']:.1f}s")
+    return out
+
+
+def _per_depth(accepted: Sequence[int], depth: int) -> List[float]:
+    """Conditional acceptance at each depth: P(accept d+1 | accepted d)."""
+    out = []
+    for d in range(depth):
+        reached = sum(1 for a in accepted if a >= d)
+        out.append(sum(1 for a in accepted if a > d) / reached if reached else 0.0)
+    return out
+
+
+def _drafter_for(c: Candidate):
+    from .draft import make_drafter
+
+    kw = c.decode_kwargs()
+    mode = kw.pop("mode")
+    return make_drafter(mode, **kw)
+
+
+def _encode(tokenizer, text):
+    if tokenizer is None:
+        raise ValueError("string prompts need a tokenizer")
+    return tokenizer.encode(text)
