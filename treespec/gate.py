@@ -82,12 +82,24 @@ class Probe:
         return d
 
 
+_DIGESTS: Dict[tuple, str] = {}
+
+
 def _weights_digest(model: nn.Module) -> str:
     """Identity of the weights: every name, shape, dtype and byte. A sampled
-    hash could miss an edit and reuse a stale verdict; hashing costs ~1 s per
-    GB, once per model and process."""
+    hash could miss an edit and reuse a stale verdict. Hashing costs ~1 s per
+    GB, so it is remembered per set of parameter arrays (loading or updating
+    weights makes new arrays, hence a new hash)."""
+    params = tree_flatten(model.parameters())
+    ids = tuple((name, id(w)) for name, w in params)
+    if ids not in _DIGESTS:
+        _DIGESTS[ids] = _hash_weights(params)
+    return _DIGESTS[ids]
+
+
+def _hash_weights(params) -> str:
     h = hashlib.sha256()
-    for name, w in tree_flatten(model.parameters()):
+    for name, w in params:
         h.update(f"{name}:{w.shape}:{w.dtype}".encode())
         h.update(bytes(memoryview(mx.contiguous(w).view(mx.uint8) if w.dtype == mx.bfloat16 else w)))
     return h.hexdigest()[:16]
