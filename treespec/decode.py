@@ -107,13 +107,15 @@ def _clip(tokens: List[int], max_tokens: int, eos: set) -> (List[int], bool):
     return out, False
 
 
-def classic(target, prompt: Sequence[int], max_tokens: int, eos_token_ids=None) -> Result:
-    """mlx-lm's ``generate_step`` with greedy sampling."""
-    stats = Stats("classic")
+def classic(target, prompt: Sequence[int], max_tokens: int, eos_token_ids=None,
+            sampler=None, requested: Optional[dict] = None) -> Result:
+    """mlx-lm's ``generate_step``: greedy, or with the given ``sampler``."""
+    stats = Stats("classic", requested=requested or {})
     eos, out = _eos_set(eos_token_ids), []
     t0 = time.perf_counter()
-    for tok, _ in generate_step(mx.array(prompt), target, max_tokens=max_tokens,
-                                sampler=lambda lp: mx.argmax(lp, axis=-1)):
+    sampler = sampler or (lambda lp: mx.argmax(lp, axis=-1))
+    for tok, _ in generate_step(mx.array(list(prompt)), target, max_tokens=max_tokens,
+                                sampler=sampler):
         out.append(int(tok))
         if out[-1] in eos:
             break

@@ -79,16 +79,14 @@ frequency penalties, logit bias) and XTC; temperature 0 is greedy decoding,
 which is ``treespec.decode.decode``.
 """
 
-import time
 from dataclasses import dataclass, fields
 from typing import Callable, Dict, Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from .decode import Result, Stats, _eos_set, speculative
+from .decode import Result, classic, speculative
 from .draft import DraftRound, FixedTreeDrafter
 from .tree import DraftTree
 from .walk import Walk
@@ -478,17 +476,8 @@ def classic_sampled(target, prompt: Sequence[int], max_tokens: int, params: Samp
         p = params.probs(logprobs.reshape(1, -1))
         return mx.array(sample_rows(p, rng.random(1)))
 
-    stats = Stats("classic", requested={"sampling": params.describe(), "seed": seed})
-    eos, out = _eos_set(eos_token_ids), []
-    t0 = time.perf_counter()
-    for tok, _ in generate_step(mx.array(list(prompt)), target, max_tokens=max_tokens,
-                                sampler=sampler):
-        out.append(int(tok))
-        if out[-1] in eos:
-            break
-    stats.time_ms["verify"] = (time.perf_counter() - t0) * 1e3
-    stats.rounds = stats.emitted = len(out)
-    return Result(out, stats)
+    return classic(target, prompt, max_tokens, eos_token_ids, sampler=sampler,
+                   requested={"sampling": params.describe(), "seed": seed})
 
 
 def speculative_sampled(target, draft_model, prompt: Sequence[int], max_tokens: int,
