@@ -18,12 +18,11 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from .draft import Drafter, cache_offset, make_drafter
+from .draft import PREFILL_STEP, Drafter, cache_offset, make_drafter, prefill
 from .verify import adapter_for
 from .walk import tree_walk
 
 MODES = ("classic", "chain", "tree")
-PREFILL_STEP = 2048  # mlx-lm generate_step's default, so caches match classic
 
 
 @dataclass
@@ -124,12 +123,6 @@ def classic(target, prompt: Sequence[int], max_tokens: int, eos_token_ids=None,
     return Result(out, stats)
 
 
-def _prefill(model, cache, tokens: List[int]):
-    for i in range(0, len(tokens), PREFILL_STEP):
-        model(mx.array(tokens[i:i + PREFILL_STEP])[None], cache=cache)
-        mx.eval([c.state for c in cache])
-
-
 _WARNED = set()
 
 
@@ -179,7 +172,7 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     clock = time.perf_counter
     t0 = clock()
     cache = make_prompt_cache(target)
-    _prefill(target, cache, prompt[:-1])
+    prefill(target, cache, prompt[:-1])
     drafter.start(draft_model, prompt[:-1], PREFILL_STEP)
     stats.time_ms["prefill"] = (clock() - t0) * 1e3
     root = prompt[-1]

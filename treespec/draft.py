@@ -32,6 +32,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
+from .gate import shapes_for
 from .tree import DraftTree
 from .verify import adapter_for
 
@@ -94,6 +95,17 @@ def _restore(c, saved):
         c.cache = list(saved)
 
 
+PREFILL_STEP = 2048  # mlx-lm generate_step's default, so caches match classic
+
+
+def prefill(model, cache, tokens: Sequence[int], step: int = PREFILL_STEP):
+    """Plain forwards over committed tokens, chunked as mlx-lm prefills."""
+    tokens = list(tokens)
+    for i in range(0, len(tokens), step):
+        model(mx.array(tokens[i : i + step])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+
+
 class Drafter:
     """The shared machinery; subclasses decide which nodes to expand.
 
@@ -110,21 +122,17 @@ class Drafter:
         self.cache = None
         self.pending: List[int] = []
 
-    def start(self, model, prompt_without_root: Sequence[int], prefill_step_size=2048):
+    def start(self, model, prompt_without_root: Sequence[int], prefill_step_size=PREFILL_STEP):
         self.model = model
         self.adapter = adapter_for(model)
         self.cache = make_prompt_cache(model)
         self.compacting = all(isinstance(c, COMPACTING) for c in self.cache)
         self.pending = []
         self._step = prefill_step_size
-        self._feed(list(prompt_without_root))
+        self._feed(prompt_without_root)
 
-    def _feed(self, tokens: List[int]):
-        """Plain forwards over committed tokens, chunked as mlx-lm prefills."""
-        while tokens:
-            chunk, tokens = tokens[: self._step], tokens[self._step :]
-            self.model(mx.array(chunk)[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
+    def _feed(self, tokens: Sequence[int]):
+        prefill(self.model, self.cache, tokens, self._step)
 
     # -- one round -------------------------------------------------------
     def draft(self, root: int, limit: Optional[int] = None) -> DraftRound:
@@ -227,7 +235,7 @@ class ChainDrafter(Drafter):
         return {"kind": self.kind, "block": self.block, "budget": self.block - 1}
 
     def probe_shapes(self):
-        return _chains(self.block)
+        return shapes_for(self.block)
 
 
 class _TopKTree(Drafter):
@@ -304,7 +312,7 @@ class FixedTreeDrafter(_TopKTree):
         # The shape, and its prefixes (what a round cut short by max_tokens
         # verifies), after every chain up to its depth.
         depth = int(DraftTree([0] * len(self.shape), self.shape).depth())
-        return _chains(depth + 1) + [tuple(self.shape[:m]) for m in range(2, len(self.shape) + 1)]
+        return shapes_for(depth + 1) + [tuple(self.shape[:m]) for m in range(2, len(self.shape) + 1)]
 
 
 class ConfidenceDrafter(_TopKTree):
@@ -380,7 +388,7 @@ class ConfidenceDrafter(_TopKTree):
         # Its shapes change every round; the backend's kernel choice follows
         # M (the node count), so probe every M with a chain and a seeded
         # branching tree of this drafter's width.
-        shapes = _chains(self._budget + 1)
+        shapes = shapes_for(self._budget + 1)
         rng = random.Random(self._budget * 1000 + self.width)
         for m in range(3, self._budget + 2):
             parents = [-1]
@@ -389,10 +397,6 @@ class ConfidenceDrafter(_TopKTree):
                 parents.append(rng.choice(options))
             shapes.append(tuple(parents))
         return shapes
-
-
-def _chains(block):
-    return [tuple(range(-1, m - 1)) for m in range(1, block + 1)]
 
 
 def make_drafter(mode: str, block: int = 4, branching=None, parents=None,

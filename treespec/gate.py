@@ -133,10 +133,10 @@ def _key(config: dict, shapes) -> str:
 
 
 def _prefill(model, tokens):
+    from .draft import prefill  # draft builds on this module
+
     cache = make_prompt_cache(model)
-    if tokens:
-        model(mx.array(tokens)[None], cache=cache)
-        mx.eval([c.state for c in cache])
+    prefill(model, cache, tokens)
     return cache
 
 
