@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from .costcurve import parse_dims
+
 # Python-code prompts for the trained pair (trained on CPython's stdlib). Each
 # ends in a newline, not indentation spaces (treespec/pair/README.md says why).
 PROMPTS = [
@@ -553,7 +555,8 @@ def machine_info() -> dict:
             info["git"] = commit + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    info.setdefault("git", "unknown")
+    # A copy without .git (a device's working tree) says its commit this way.
+    info.setdefault("git", os.environ.get("TREESPEC_COMMIT", "unknown"))
     try:
         info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -736,27 +739,47 @@ def cmd_bench(args) -> int:
         except ImportError:
             raise CliError("--plot needs matplotlib, which is not installed: pip install matplotlib")
     model_path, draft_path = args.model, args.draft_model
-    if model_path is None:
+    if args.scaled is not None and (model_path or draft_path):
+        raise CliError("--scaled builds its own pair; give it without --model/--draft-model")
+    if model_path is None and args.scaled is None:
         if draft_path is not None:
             raise CliError("--draft-model given without --model")
         model_path, draft_path = default_pair()
-    elif draft_path is None:
+    elif draft_path is None and args.scaled is None:
         raise CliError("--model given without --draft-model: bench compares speculative modes")
+    if args.prompts < 1 or args.prompts > len(PROMPTS):
+        raise CliError(f"--prompts must be 1..{len(PROMPTS)}")
     machine = machine_info()
     say(f"machine: {machine['blas']}; mlx {machine['mlx']}, mlx-lm {machine.get('mlx_lm')}, "
         f"{machine['device']}, {machine['cpus']} CPUs, load {machine.get('loadavg')}; "
         f"treespec git {machine['git']}")
-    target, tokenizer = load_checkpoint(model_path, "model")
-    draft, draft_tok = load_checkpoint(draft_path, "draft-model")
-    check_same_tokenizer(tokenizer, draft_tok, target, draft)
-    say(f"pair: target {model_path}, draft {draft_path}")
-    if args.prompts < 1 or args.prompts > len(PROMPTS):
-        raise CliError(f"--prompts must be 1..{len(PROMPTS)}")
-    texts = PROMPTS[: args.prompts]
-    prompts = [tokenizer.encode(t) for t in texts]
-    eos = list(tokenizer.eos_token_ids)
-    report_extra = {"machine": machine, "model": str(model_path), "draft_model": str(draft_path),
-                    "prompts_text": texts}
+    auto_prompts = tokenizer = None
+    if args.scaled is not None:
+        from . import scaled
+
+        hidden, layers = args.scaled
+        target, draft = scaled.build_pair(hidden, layers, args.draft_layers, args.alpha)
+        # Random weights know no text: seeded token prompts, no EOS; auto
+        # calibrates on prompts of its own, as with the trained pair.
+        prompts = scaled.default_prompts(args.prompts + 2)
+        prompts, auto_prompts = prompts[: args.prompts], prompts[args.prompts:]
+        eos = []
+        pair = (f"scaled llama {hidden}x{layers} bf16 ({scaled.n_params(target) / 1e9:.2f}B), "
+                f"drafter its first {args.draft_layers} layers "
+                f"({scaled.n_params(draft) / 1e9:.2f}B), alpha {args.alpha}")
+        report_extra = {"machine": machine, "model": pair, "draft_model": pair,
+                        "prompts_text": None}
+        say(f"pair: {pair}")
+    else:
+        target, tokenizer = load_checkpoint(model_path, "model")
+        draft, draft_tok = load_checkpoint(draft_path, "draft-model")
+        check_same_tokenizer(tokenizer, draft_tok, target, draft)
+        say(f"pair: target {model_path}, draft {draft_path}")
+        texts = PROMPTS[: args.prompts]
+        prompts = [tokenizer.encode(t) for t in texts]
+        eos = list(tokenizer.eos_token_ids)
+        report_extra = {"machine": machine, "model": str(model_path),
+                        "draft_model": str(draft_path), "prompts_text": texts}
 
     curve = None
     if args.verify_curve:
@@ -773,7 +796,8 @@ def cmd_bench(args) -> int:
         from . import auto
 
         t0 = time.perf_counter()
-        choice = auto.choose(target, draft, tokenizer=tokenizer, max_block=max(args.blocks),
+        choice = auto.choose(target, draft, auto_prompts, tokenizer=tokenizer,
+                             max_block=max(args.blocks),
                              width=args.width, allow_inexact=args.allow_inexact,
                              eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s))
         say(f"auto ({time.perf_counter() - t0:.1f}s calibration): {describe_choice(choice)}: "
@@ -796,7 +820,8 @@ def cmd_bench(args) -> int:
         print(json.dumps(report, default=str))
     else:
         print()
-        print(f"{len(prompts)} Python prompts x {args.max_tokens} tokens, median of "
+        what = "seeded token" if args.scaled else "Python"
+        print(f"{len(prompts)} {what} prompts x {args.max_tokens} tokens, median of "
               f"{args.repeats} interleaved repeats; {machine['blas']}; mlx {machine['mlx']}; "
               f"git {machine['git']}")
         print(format_report(report))
@@ -830,6 +855,12 @@ def add_parser(sub):
     p.add_argument("--json", action="store_true", help="one JSON report on stdout")
     p.add_argument("--allow-inexact", action="store_true",
                    help="time configurations whose probe found differences (still text-diffed)")
+    p.add_argument("--scaled", type=parse_dims, metavar="HIDDENxLAYERS",
+                   help="instead of a checkpoint pair: a random bf16 llama of this size and a "
+                   "drafter cut from it (treespec.scaled), e.g. 2048x16 (~0.8B)")
+    p.add_argument("--draft-layers", type=int, default=2, help="--scaled: the drafter's depth")
+    p.add_argument("--alpha", type=float, default=0.3,
+                   help="--scaled: damping of the layers the drafter lacks (sets acceptance)")
     p.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
     p.set_defaults(func=cmd_bench)

@@ -134,21 +134,27 @@ def _warn_once(decision):
         print(f"treespec: exactness gate: {decision.reason}", file=sys.stderr)
 
 
-def greedy_walk(rnd, logits):
-    """Temperature 0: each node's target token is its argmax."""
-    return tree_walk(rnd.tree, mx.argmax(logits, axis=-1).tolist())
+def greedy_readout(logits):
+    """Temperature 0: each node's target token is its argmax (computed in the
+    verify's graph: a separate evaluation would cost a host sync, ~50 us)."""
+    return mx.argmax(logits, axis=-1)
+
+
+def greedy_walk(rnd, targets):
+    return tree_walk(rnd.tree, targets.tolist())
 
 
 def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
                 drafter: Drafter, eos_token_ids=None, mode: str = "tree",
                 gate: bool = True, allow_inexact: bool = False, walker=greedy_walk,
-                fallback=None, requested: Optional[dict] = None) -> Result:
+                readout=greedy_readout, fallback=None,
+                requested: Optional[dict] = None) -> Result:
     """The round loop. The target's cache, like the drafter's, holds the
     committed text except the root between rounds.
 
-    ``walker(round, logits) -> Walk`` decides what the target accepts
-    (greedy here, the sampled rule in treespec.sampling); ``fallback()`` is
-    the classic decode the gate declines to."""
+    ``walker(round, readout(logits)) -> Walk`` decides what the target
+    accepts (greedy here, the sampled rule in treespec.sampling); ``fallback()``
+    is the classic decode the gate declines to."""
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("the prompt needs at least one token (the first root)")
@@ -180,16 +186,20 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
         t0 = clock()
         # Never draft past max_tokens: a round emits at most drafts + 1.
         rnd = drafter.draft(root, limit=max_tokens - len(out) - 1)
-        t1 = clock()
         offset = cache_offset(cache)
-        logits = adapter.verify(rnd.tree, cache)
-        mx.eval(logits)
+        # Built before the drafts are waited for: a chain's verify is queued
+        # behind its drafting as one graph (see draft.ChainRound).
+        read = readout(adapter.verify(rnd.topology, cache, tokens=rnd.device_tokens))
+        mx.async_eval(read)
+        rnd.wait()
+        t1 = clock()
+        mx.eval(read)
         t2 = clock()
-        walk = walker(rnd, logits)
+        walk = walker(rnd, read)
         t3 = clock()
+        # Both commits evaluate what they write (commit_path ends in mx.eval).
         adapter.commit(cache, rnd.tree, walk.path, offset)
         drafter.commit(rnd, walk.path)
-        mx.eval([c.state for c in cache])
         t4 = clock()
         for k, dt in zip(("draft", "verify", "walk", "commit"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             stats.time_ms[k] += dt * 1e3

@@ -361,8 +361,9 @@ class SampledTreeDrafter(FixedTreeDrafter):
                  rng: Optional[np.random.Generator] = None):
         super().__init__(branching=branching, parents=parents)
         self.params, self.rng = params, rng
-        counts = np.bincount(np.array(self.shape[1:], dtype=np.int64), minlength=1)
-        self._kmax = max(1, int(counts.max()))  # the most children any node has
+
+    def _top_needed(self) -> int:
+        return 0  # children are drawn from q, not the top-k
 
     def bind(self, params: SamplingParams, rng: np.random.Generator):
         self.params, self.rng = params, rng
@@ -497,7 +498,7 @@ def speculative_sampled(target, draft_model, prompt: Sequence[int], max_tokens: 
 
     return speculative(
         target, draft_model, prompt, max_tokens, drafter, eos_token_ids, mode,
-        gate=gate, allow_inexact=allow_inexact, walker=walker,
+        gate=gate, allow_inexact=allow_inexact, walker=walker, readout=lambda logits: logits,
         fallback=lambda: classic_sampled(target, prompt, max_tokens, params, seed, eos_token_ids),
         requested={**drafter.describe(), "seed": seed})
 

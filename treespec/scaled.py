@@ -1,0 +1,97 @@
+"""A ~1B random llama and a drafter cut from it, for throughput studies at a
+size where the verify cost curve of a real accelerator shows.
+
+Random weights say nothing about acceptance, and a truncated copy of a random
+model agrees with it barely more than chance: every layer moves the residual
+stream as much as the first. So the target's layers past the drafter's depth
+write into the residual stream scaled by ``alpha`` (their ``o_proj`` and
+``down_proj``); the drafter is the target's first ``draft_layers`` layers with
+the same embedding (tied head) and final norm. ``alpha`` then sets how often
+the drafter's greedy token is the target's (``agreement``): a knob, chosen to
+match a trained pair's agreement, not a property of any real checkpoint. The
+costs are real: the target computes every layer at full width whatever alpha
+is, and the drafter costs what ``draft_layers`` layers and the head cost.
+
+    python -m treespec.scaled --dims 2048x16 --draft-layers 2 --alpha 0.3 0.5
+"""
+
+import argparse
+from typing import List, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .costcurve import build_llama, parse_dims
+
+
+def build_pair(hidden: int = 2048, layers: int = 16, draft_layers: int = 2,
+               alpha: float = 0.3, dtype: str = "bfloat16", seed: int = 0):
+    """(target, drafter): seeded, deep layers damped by ``alpha``, the drafter
+    sharing the target's arrays (no copy) in modules of its own (treespec
+    patches attention instances during a verify; the two must not share them)."""
+    if not 0 < draft_layers < layers:
+        raise ValueError(f"draft_layers must be in 1..{layers - 1}, got {draft_layers}")
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    target = build_llama(hidden, layers, dtype=dtype, seed=seed)
+    for layer in target.model.layers[draft_layers:]:
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * alpha
+        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * alpha
+    mx.eval(target.parameters())
+    draft = build_llama(hidden, draft_layers, dtype=dtype, seed=seed + 1)
+    shared = [(k, v) for k, v in tree_flatten(target.parameters())
+              if not k.startswith("model.layers.")
+              or int(k.split(".")[2]) < draft_layers]
+    draft.update(tree_unflatten(shared))
+    mx.eval(draft.parameters())
+    return target, draft
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(v.size for _, v in tree_flatten(model.parameters()))
+
+
+def agreement(target, draft, prompts: Sequence[Sequence[int]], tokens: int = 64) -> float:
+    """Share of positions of the target's greedy continuation where the
+    drafter, fed the same text (teacher forcing), predicts the same token:
+    the per-token acceptance a greedy chain sees."""
+    from .decode import classic
+
+    hits = total = 0
+    for prompt in prompts:
+        cont = classic(target, prompt, tokens).tokens
+        text = list(prompt) + cont[:-1]
+        guess = mx.argmax(draft(mx.array(text)[None])[0, len(prompt) - 1:], axis=-1).tolist()
+        hits += sum(int(g == c) for g, c in zip(guess, cont))
+        total += len(cont)
+    return hits / total
+
+
+def default_prompts(n: int = 3, length: int = 32, vocab: int = 32000) -> List[List[int]]:
+    """Seeded token prompts (a random model has no text to be prompted with)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, vocab, length).tolist() for _ in range(n)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dims", type=parse_dims, default=(2048, 16), help="HIDDENxLAYERS")
+    ap.add_argument("--draft-layers", type=int, default=2)
+    ap.add_argument("--alpha", type=float, nargs="+", default=[0.3])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--tokens", type=int, default=64)
+    args = ap.parse_args(argv)
+    hidden, layers = args.dims
+    for alpha in args.alpha:
+        target, draft = build_pair(hidden, layers, args.draft_layers, alpha, args.dtype)
+        a = agreement(target, draft, default_prompts(), args.tokens)
+        print(f"llama {hidden}x{layers} {args.dtype} ({n_params(target) / 1e9:.2f}B), "
+              f"drafter {args.draft_layers} layers ({n_params(draft) / 1e9:.2f}B), "
+              f"alpha {alpha}: greedy agreement {a:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
