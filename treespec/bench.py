@@ -379,9 +379,12 @@ def prefill_ms(model, prompt, repeats: int = 5) -> float:
 def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Config],
           max_tokens: int = 64, repeats: int = 3, eos=None, allow_inexact: bool = False,
           decide: Optional[Callable] = None, log: Callable[[str], None] = lambda s: None,
-          warmup_tokens: int = 8) -> dict:
+          warmup_tokens: int = 8, max_seconds: Optional[float] = None) -> dict:
     """Gate, warm up, run interleaved, aggregate. Returns the report dict
-    (rows in config order; a gated row has ``exact`` False and a ``reason``)."""
+    (rows in config order; a gated row has ``exact`` False and a ``reason``).
+    ``max_seconds``: start no repeat after that many seconds of this call (at
+    least one runs); the report says how many repeats its medians cover."""
+    t_call = time.perf_counter()
     if decide is None:
         decide = SharedProbe()
     prompts = [list(map(int, p)) for p in prompts]
@@ -418,7 +421,12 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
                 prefill_ms(draft, p) if draft is not None else 0.0) for p in prompts]
     # 3. Interleaved repeats; every run's tokens diffed with classic's.
     reference: List[Optional[List[int]]] = [None] * len(prompts)
+    done = 0
     for r in range(repeats):
+        if r and max_seconds is not None and time.perf_counter() - t_call > max_seconds:
+            log(f"  stopping after {r} of {repeats} repeats: --max-seconds {max_seconds:g} spent")
+            break
+        done = r + 1
         order = live[1:]
         if order:
             k = r % len(order)
@@ -455,7 +463,8 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
                 if c.speculative:
                     row["checks"] = EXACT
         log(f"  repeat {r + 1}/{repeats}: {time.perf_counter() - t_rep:.1f}s")
-    report = summarize(rows, configs, prompts, max_tokens, repeats)
+    report = summarize(rows, configs, prompts, max_tokens, done)
+    report["repeats_asked"] = repeats
     report["prefill_ms"] = [{"target": pt, "draft": pd} for pt, pd in prefill]
     return report
 
@@ -545,18 +554,21 @@ def machine_info() -> dict:
     except Exception as e:  # detection must never stop a bench
         info["blas"] = f"BLAS: unknown ({type(e).__name__}: {e})"
     root = Path(__file__).resolve().parent.parent
+    if os.environ.get("TREESPEC_COMMIT"):
+        # A copied working tree (a device's) may carry a stale .git: the
+        # runner names the commit it copied.
+        info["git"] = os.environ["TREESPEC_COMMIT"]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+        head = None if "git" in info else subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
                               capture_output=True, text=True, timeout=10)
-        if head.returncode == 0:
+        if head is not None and head.returncode == 0:
             commit = head.stdout.strip()
             dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                    cwd=root, capture_output=True, text=True, timeout=10)
             info["git"] = commit + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    # A copy without .git (a device's working tree) says its commit this way.
-    info.setdefault("git", os.environ.get("TREESPEC_COMMIT", "unknown"))
+    info.setdefault("git", "unknown")
     try:
         info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -811,6 +823,7 @@ def cmd_bench(args) -> int:
         f"tokens, {args.repeats} interleaved repeats")
     report = bench(target, draft, prompts, configs, max_tokens=args.max_tokens,
                    repeats=args.repeats, eos=eos, allow_inexact=args.allow_inexact,
+                   max_seconds=args.max_seconds,
                    decide=gate, log=say)
     report.update(report_extra)
     report["seconds"] = time.perf_counter() - t_start
@@ -822,7 +835,7 @@ def cmd_bench(args) -> int:
         print()
         what = "seeded token" if args.scaled else "Python"
         print(f"{len(prompts)} {what} prompts x {args.max_tokens} tokens, median of "
-              f"{args.repeats} interleaved repeats; {machine['blas']}; mlx {machine['mlx']}; "
+              f"{report['repeats']} interleaved repeats; {machine['blas']}; mlx {machine['mlx']}; "
               f"git {machine['git']}")
         print(format_report(report))
         if "auto" in report:
@@ -841,6 +854,9 @@ def add_parser(sub):
     p.add_argument("--prompts", type=int, default=3, help=f"Python prompts, 1..{len(PROMPTS)}")
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats (medians)")
+    p.add_argument("--max-seconds", type=float,
+                   help="start no repeat past this many seconds of timed runs (at least one "
+                   "runs; the table says how many its medians cover)")
     p.add_argument("--blocks", type=parse_blocks, default=parse_blocks(DEFAULT_BLOCKS),
                    help="chain blocks (and confidence budgets block-1): LO..HI or a list")
     p.add_argument("--trees", type=parse_trees,

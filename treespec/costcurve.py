@@ -52,6 +52,7 @@ def build_llama(
     bits: int | None = None,
     group_size: int = 64,
     seed: int = 0,
+    tied: bool = True,
 ) -> nn.Module:
     """A seeded random-weight mlx-lm llama (head_dim 64, GQA 2:1, SwiGLU ~8/3 wide by default).
 
@@ -72,7 +73,7 @@ def build_llama(
         num_key_value_heads=kv_heads,
         rms_norm_eps=1e-5,
         vocab_size=vocab,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
     )
     mx.random.seed(seed)
     model = llama.Model(args)

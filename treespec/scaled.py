@@ -6,7 +6,7 @@ model agrees with it barely more than chance: every layer moves the residual
 stream as much as the first. So the target's layers past the drafter's depth
 write into the residual stream scaled by ``alpha`` (their ``o_proj`` and
 ``down_proj``); the drafter is the target's first ``draft_layers`` layers with
-the same embedding (tied head) and final norm. ``alpha`` then sets how often
+the same embedding, final norm and head. ``alpha`` then sets how often
 the drafter's greedy token is the target's (``agreement``): a knob, chosen to
 match a trained pair's agreement, not a property of any real checkpoint. The
 costs are real: the target computes every layer at full width whatever alpha
@@ -34,12 +34,15 @@ def build_pair(hidden: int = 2048, layers: int = 16, draft_layers: int = 2,
         raise ValueError(f"draft_layers must be in 1..{layers - 1}, got {draft_layers}")
     if not 0 < alpha <= 1:
         raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-    target = build_llama(hidden, layers, dtype=dtype, seed=seed)
+    # An untied head: with the embedding as its head a random model predicts
+    # the token it was just fed (its own embedding scores highest) and every
+    # greedy text is one repeated token.
+    target = build_llama(hidden, layers, dtype=dtype, seed=seed, tied=False)
     for layer in target.model.layers[draft_layers:]:
         layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * alpha
         layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * alpha
     mx.eval(target.parameters())
-    draft = build_llama(hidden, draft_layers, dtype=dtype, seed=seed + 1)
+    draft = build_llama(hidden, draft_layers, dtype=dtype, seed=seed + 1, tied=False)
     shared = [(k, v) for k, v in tree_flatten(target.parameters())
               if not k.startswith("model.layers.")
               or int(k.split(".")[2]) < draft_layers]
@@ -83,14 +86,20 @@ def main(argv=None):
     ap.add_argument("--alpha", type=float, nargs="+", default=[0.3])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--pick", type=float, metavar="AGREEMENT",
+                    help="end with 'alpha=A', the alpha whose agreement is nearest this")
     args = ap.parse_args(argv)
     hidden, layers = args.dims
+    got = {}
     for alpha in args.alpha:
         target, draft = build_pair(hidden, layers, args.draft_layers, alpha, args.dtype)
-        a = agreement(target, draft, default_prompts(), args.tokens)
+        got[alpha] = agreement(target, draft, default_prompts(), args.tokens)
         print(f"llama {hidden}x{layers} {args.dtype} ({n_params(target) / 1e9:.2f}B), "
               f"drafter {args.draft_layers} layers ({n_params(draft) / 1e9:.2f}B), "
-              f"alpha {alpha}: greedy agreement {a:.3f}", flush=True)
+              f"alpha {alpha}: greedy agreement {got[alpha]:.3f}", flush=True)
+        del target, draft
+    if args.pick is not None:
+        print(f"alpha={min(got, key=lambda a: abs(got[a] - args.pick))}")
 
 
 if __name__ == "__main__":
