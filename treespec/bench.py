@@ -379,7 +379,7 @@ def prefill_ms(model, prompt, repeats: int = 5) -> float:
 def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Config],
           max_tokens: int = 64, repeats: int = 3, eos=None, allow_inexact: bool = False,
           decide: Optional[Callable] = None, log: Callable[[str], None] = lambda s: None,
-          warmup_tokens: int = 8, max_seconds: Optional[float] = None) -> dict:
+          warmup_tokens: Optional[int] = None, max_seconds: Optional[float] = None) -> dict:
     """Gate, warm up, run interleaved, aggregate. Returns the report dict
     (rows in config order; a gated row has ``exact`` False and a ``reason``).
     ``max_seconds``: start no repeat after that many seconds of this call (at
@@ -413,9 +413,14 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
             rows[c.name]["inexact_allowed"] = True
         log(f"  probe {c.name:<24} {'pass' if d.exact else 'FAIL'}"
             f" ({time.perf_counter() - t0:.1f}s)")
-    # 2. Warm-up: every configuration once on a short run (first-call costs).
+    # 2. Warm-up: every configuration once over every prompt, untimed. On an
+    # accelerator a run's first meeting with a shape compiles kernels: on the
+    # H200 the first 48-token run of a chain was 5-10x slower than the next
+    # (scripts/gpu_round_probe.py), and a short warm-up meets too few shapes.
     for c in live:
-        run_config(c, target, draft, prompts[0], min(warmup_tokens, max_tokens), eos)
+        for p in prompts:
+            run_config(c, target, draft, p, max_tokens if warmup_tokens is None
+                       else min(warmup_tokens, max_tokens), eos)
     # Prefill per prompt, subtracted from each run's wall for decode tok/s.
     prefill = [(prefill_ms(target, p) if target is not None else 0.0,
                 prefill_ms(draft, p) if draft is not None else 0.0) for p in prompts]
