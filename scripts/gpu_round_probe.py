@@ -47,6 +47,12 @@ def main():
     cfgs = [("classic", dict(mode="classic")), ("chain b=2", dict(mode="chain", block=2)),
             ("chain b=3", dict(mode="chain", block=3)), ("chain b=5", dict(mode="chain", block=5)),
             ("fixed 2,1,1", dict(mode="tree", branching=[2, 1, 1]))]
+    ref = decode(target, p, "classic", max_tokens=48).tokens
+
+    def text(tokens):
+        at = next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None)
+        return "text = classic" if at is None and len(tokens) == len(ref) else f"text differs at {at}"
+
     for name, kw in cfgs:
         for i in range(args.runs):
             t0 = time.perf_counter()
@@ -54,11 +60,12 @@ def main():
             dt = time.perf_counter() - t0
             tm = {k: round(v / max(r.stats.rounds, 1), 2) for k, v in r.stats.time_ms.items()}
             print(f"{name:12} run {i}: {len(r.tokens) / dt:7.1f} tok/s, {r.stats.rounds} rounds, "
-                  f"ms/round {tm}", flush=True)
+                  f"ms/round {tm}, {text(r.tokens)}", flush=True)
     for b in (2, 3, 5):
         for i in range(args.runs):
             run = _mlx_lm_run(target, draft, p, 48, None, b)
-            print(f"mlx-lm b={b} run {i}: {len(run.tokens) / run.wall_s:7.1f} tok/s", flush=True)
+            print(f"mlx-lm b={b} run {i}: {len(run.tokens) / run.wall_s:7.1f} tok/s, "
+                  f"{text(run.tokens)}", flush=True)
 
 
 if __name__ == "__main__":
