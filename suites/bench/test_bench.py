@@ -166,6 +166,36 @@ def test_round_statistics_and_speedups_are_aggregated_over_prompts(staged):
     assert staged["best_chain"] == "chain b=3"
 
 
+def allowing_decide(model, shapes, allow_inexact=False):
+    """staged_decide, honouring --allow-inexact as treespec.gate.decide does."""
+    if shapes == [("inexact",)]:
+        return Decision(allow_inexact, False, "1 of 1 shapes differ (staged)")
+    return Decision(True, True, "probe passed (staged)")
+
+
+def test_allow_inexact_times_past_a_failed_check_and_labels_the_figure():
+    report = B.bench(None, None, [[0], [1]], staged_configs(), max_tokens=4, repeats=2,
+                     decide=allowing_decide, allow_inexact=True)
+    rows = {r["name"]: r for r in report["rows"]}
+    assert rows["conf n=2"]["checks"] == "INEXACT:t" and rows["conf n=2"]["tok_s"] > 0
+    assert "token 2" in rows["conf n=2"]["text_diff"]
+    assert rows["fixed [9]"]["checks"] == "INEXACT:p" and rows["fixed [9]"]["tok_s"] > 0
+    assert rows["chain b=3"]["checks"] == "probe+text"
+    text = B.format_report(report)
+    for name in ("conf n=2", "fixed [9]"):
+        line = next(ln for ln in text.splitlines() if ln.startswith(name))
+        assert "INEXACT" in line and "probe+text" not in line
+    assert "not an exact figure" in text
+
+
+def test_max_seconds_stops_between_repeats_and_says_how_many_ran():
+    report = B.bench(None, None, [[0], [1]], staged_configs(), max_tokens=4, repeats=3,
+                     decide=staged_decide, max_seconds=0)
+    assert report["repeats"] == 1 and report["repeats_asked"] == 3
+    row = next(r for r in report["rows"] if r["name"] == "chain b=3")
+    assert len(row["tok_s_all"]) == 1
+
+
 def test_classic_must_come_first():
     configs = staged_configs()
     with pytest.raises(ValueError, match="classic"):
@@ -206,6 +236,15 @@ def test_model_without_draft_model_is_refused(capsys):
     target, _ = default_pair()
     assert cli.main(["bench", "--model", str(target)]) == 2
     assert "--draft-model" in capsys.readouterr().err
+
+
+def test_scaled_with_a_checkpoint_is_refused(capsys):
+    from treespec import cli
+
+    target, draft = default_pair()
+    assert cli.main(["bench", "--scaled", "128x4", "--model", str(target),
+                     "--draft-model", str(draft)]) == 2
+    assert "--scaled builds its own pair" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- the real paths

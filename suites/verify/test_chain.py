@@ -31,3 +31,47 @@ def test_a_linear_tree_verifies_exactly_as_mlx_lm_chain_verify(cfg, hist, tree):
     mx.eval(logits)
     assert mx.array_equal(chain, logits), max_abs_diff(chain, logits)
     assert snapshot(cache) == snapshot(chain_cache)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_5"])
+def test_a_chain_verified_on_device_tokens_equals_one_verified_on_its_tree(family):
+    """The round loop verifies a chain on its drafts while they are still a
+    lazy device array (draft.ChainRound); only the topology is known then.
+    Same logits, same caches, and the commit takes the tree once known."""
+    from treespec.tree import DraftTree
+
+    model = support.model(family)
+    cache = support.history(9).replay(model)
+    lazy_cache = clone(cache)
+    tree = DraftTree.linear([3, 17, 42, 8])
+    adapter, lazy = adapter_for(model), adapter_for(model)
+    want = adapter.verify(tree, cache)
+    drafts = mx.argmax(mx.eye(64)[mx.array([17, 42, 8])], axis=-1)  # not evaluated yet
+    tokens = mx.concatenate([mx.array([3], dtype=drafts.dtype), drafts])
+    got = lazy.verify(DraftTree.linear([3] * 4), lazy_cache, tokens=tokens)
+    assert mx.array_equal(want, got)
+    adapter.commit(cache, tree, [0, 1])
+    lazy.commit(lazy_cache, tree, [0, 1])
+    assert snapshot(cache) == snapshot(lazy_cache)
+
+
+def test_device_tokens_of_the_wrong_length_are_refused_before_any_write():
+    from treespec.tree import DraftTree
+
+    model = support.model("llama")
+    cache = support.history(6).replay(model)
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match="tokens has shape"):
+        adapter_for(model).verify(DraftTree.linear([1, 2, 3]), cache, tokens=mx.array([1, 2]))
+    assert snapshot(cache) == before
+
+
+def test_a_commit_of_another_topology_than_the_verify_is_refused():
+    from treespec.tree import DraftTree
+
+    model = support.model("llama")
+    cache = support.history(6).replay(model)
+    adapter = adapter_for(model)
+    adapter.verify(DraftTree.linear([1, 2, 3]), cache)
+    with pytest.raises(ValueError, match="tree of the last verify"):
+        adapter.commit(cache, DraftTree([1, 2, 3], [-1, 0, 0]), [0, 1])
