@@ -1,7 +1,7 @@
 """Why treespec's chain was slower than mlx-lm's: a ladder of prototypes.
 
 Written when treespec's chain trailed mlx-lm's by ~5% (commit 2c8cb6f). What
-the rungs found is now the shipped round (treespec/draft.py ChainRound,
+the rungs found is now the shipped round (treespec/draft.py DeviceRound,
 treespec/decode.py): the accepted tokens the draft missed go in with the root,
 the verify is built on the lazy drafts and queued behind them, the greedy
 readout is in the verify's graph. The rungs still measure the remaining cost

@@ -193,7 +193,7 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
         rnd = drafter.draft(root, limit=max_tokens - len(out) - 1)
         offset = cache_offset(cache)
         # Built before the drafts are waited for: a chain's verify is queued
-        # behind its drafting as one graph (see draft.ChainRound).
+        # behind its drafting as one graph (see draft.DeviceRound).
         read = readout(adapter.verify(rnd.topology, cache, tokens=rnd.device_tokens))
         mx.async_eval(read)
         rnd.wait()

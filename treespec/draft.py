@@ -65,33 +65,35 @@ class DraftRound:
         """Block until the drafts exist (they already do, except for a chain)."""
 
 
-class ChainRound(DraftRound):
-    """A greedy chain whose drafts may still be computing on the device.
+class DeviceRound(DraftRound):
+    """A round whose draft tokens may still be computing on the device.
 
-    ``device_tokens`` [root, d1..dn] is lazy: the round loop builds the target's
-    verify on it and evaluates both as one graph (mlx-lm's structure), so the
-    host neither waits for the drafts nor leaves the device idle while it
-    builds the verify graph: 2.4% of the wall time of a block-4 chain on the
-    trained pair. ``tree`` reads the tokens (waiting for them) on first use."""
+    The drafter knew the topology (``parents``) and which nodes it fed
+    (``fed``) before any token value: a chain, or a fixed shape whose children
+    are the draft's top-k. ``device_tokens`` (all nodes, lazy) is what the
+    round loop builds the target's verify on, so drafting and verifying are
+    evaluated as one graph (mlx-lm's structure for chains): the host neither
+    waits for the drafts nor leaves the device idle while it builds the verify
+    graph (2.4% of the wall time of a block-4 chain on the trained pair).
+    ``tree`` reads the tokens (waiting for them) on first use."""
 
-    def __init__(self, root: int, drafts: Optional[mx.array], n: int, offset: int):
-        self.root, self.n, self.offset, self.logprobs = root, n, offset, {}
+    def __init__(self, root: int, parents: Sequence[int], drafts: Optional[mx.array],
+                 fed: List[int], offset: int):
+        self.root, self.parents, self.offset, self.logprobs = root, list(parents), offset, {}
+        self.fed = list(fed)
         self._drafts, self._tree = drafts, None
         if drafts is not None:
             # Scheduled on its own: evaluated only inside the verify's graph,
-            # waiting for the drafts would wait for the whole verify too (the
-            # round's draft/verify split read ~0 ms verify on the H200).
+            # waiting for the drafts would wait for the whole verify too.
             mx.async_eval(drafts)
         self.device_tokens = (
             None if drafts is None
             else mx.concatenate([mx.array([root], dtype=drafts.dtype), drafts])
         )
-        # The draft model was fed root .. d_{n-1}; the last draft never is.
-        self.fed = [i if i < n else -1 for i in range(n + 1)]
 
     @property
     def topology(self) -> DraftTree:
-        return DraftTree.linear([self.root] * (self.n + 1))
+        return DraftTree([self.root] * len(self.parents), self.parents)
 
     def wait(self):
         if self._drafts is not None:
@@ -101,12 +103,19 @@ class ChainRound(DraftRound):
     def tree(self) -> DraftTree:
         if self._tree is None:
             drafts = [] if self._drafts is None else self._drafts.tolist()
-            self._tree = DraftTree.linear([self.root] + drafts)
+            self._tree = DraftTree([self.root] + drafts, self.parents)
         return self._tree
 
     @property
     def fed_tree(self) -> DraftTree:
-        return DraftTree.linear(self.tree.tokens[: max(self.n, 1)])
+        """What the draft cache holds past ``offset``: the fed nodes, in the
+        order they were fed (the root alone when nothing was)."""
+        order = sorted((f, i) for i, f in enumerate(self.fed) if f >= 0)
+        if not order:
+            return DraftTree([self.root], [-1])
+        tokens = self.tree.tokens
+        return DraftTree([tokens[i] for _, i in order],
+                         [-1 if i == 0 else self.fed[self.parents[i]] for _, i in order])
 
 
 def cache_offset(cache) -> int:
@@ -302,7 +311,9 @@ class ChainDrafter(Drafter):
             y = mx.argmax(logits, axis=-1, keepdims=True)
             mx.async_eval(y)
             drafts.append(y)
-        return ChainRound(root, mx.concatenate(drafts) if drafts else None, n, offset)
+        # The draft model was fed root .. d_{n-1}; the last draft never is.
+        return DeviceRound(root, list(range(-1, n)), mx.concatenate(drafts) if drafts else None,
+                           [i if i < n else -1 for i in range(n + 1)], offset)
 
     def describe(self):
         return {"kind": self.kind, "block": self.block, "budget": self.block - 1}
@@ -359,6 +370,63 @@ class FixedTreeDrafter(_TopKTree):
 
     def _top_needed(self) -> int:
         return self._kmax
+
+    # Children are the draft's top-k, a function of the logits alone: the
+    # whole tree can be drafted on the device (SampledTreeDrafter draws its
+    # children on the host and turns this off).
+    on_device = True
+
+    def draft(self, root: int, limit: Optional[int] = None) -> DraftRound:
+        n = len(self.shape) if limit is None else min(len(self.shape), limit + 1)
+        if self.on_device and self.compacting and n > 1:
+            return self._draft_on_device(root, self.shape[:n])
+        return super().draft(root, limit)
+
+    def _draft_on_device(self, root: int, shape: List[int]) -> DeviceRound:
+        """The same tree as ``_grow``, with no host round trip per level: each
+        level's tokens are gathered from its parents' device top-k, and the
+        level's internal nodes are fed (tree-injected, continuing the cache)
+        on those lazy tokens. Caches that must be restored to grow a tree in
+        parts (sliding window, recurrent) take the host path."""
+        first, self.pending = self.pending + [root], []
+        offset = cache_offset(self.cache) + len(first) - 1
+        depths = DraftTree([0] * len(shape), shape).depths()
+        internal = set(shape[1:])
+        logits = self.model(mx.array(first)[None], cache=self.cache)[0, -1:]
+        top = {0: self._device_top(logits)[0]}
+        fed, fed_parents, token = [0] + [-1] * (len(shape) - 1), [-1], {}
+        for d in range(1, int(depths.max()) + 1):
+            level = [i for i in range(1, len(shape)) if depths[i] == d]
+            rank = {}
+            for i in level:  # the r-th child of a node is its r-th best token
+                r = rank.get(shape[i], 0)
+                rank[shape[i]] = r + 1
+                token[i] = top[shape[i]][r : r + 1]
+            expand = [i for i in level if i in internal]
+            if expand:
+                start = len(fed_parents)
+                for i in expand:
+                    fed[i] = len(fed_parents)
+                    fed_parents.append(fed[shape[i]])
+                logits = self.adapter.verify(
+                    DraftTree([0] * len(fed_parents), fed_parents), self.cache, start=start,
+                    tokens=mx.concatenate([token[i] for i in expand]))
+                for row, order in zip(expand, self._device_top(logits)):
+                    top[row] = order
+        # Nodes in level order, as ``_grow`` builds them (an explicit parent
+        # list need not be in level order).
+        order = sorted(range(len(shape)), key=lambda i: (depths[i], i))
+        where = {node: k for k, node in enumerate(order)}
+        parents = [-1] + [where[shape[i]] for i in order[1:]]
+        drafts = mx.concatenate([token[i] for i in order[1:]])
+        return DeviceRound(root, parents, drafts, [fed[i] for i in order], offset)
+
+    def _device_top(self, logits: mx.array) -> mx.array:
+        """Per row, the ``_kmax`` best token ids, best first: ``_expand``'s
+        ranking (float32 log-probabilities, argsort), left on the device."""
+        lp = logits.astype(mx.float32)
+        lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+        return mx.argsort(-lp, axis=-1)[:, : self._kmax]
 
     def _grow(self, root, limit) -> DraftRound:
         shape = self.shape

@@ -362,6 +362,8 @@ class SampledTreeDrafter(FixedTreeDrafter):
         super().__init__(branching=branching, parents=parents)
         self.params, self.rng = params, rng
 
+    on_device = False  # children are drawn from q on the host
+
     def _top_needed(self) -> int:
         return 0  # children are drawn from q, not the top-k
 

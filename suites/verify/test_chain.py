@@ -36,7 +36,7 @@ def test_a_linear_tree_verifies_exactly_as_mlx_lm_chain_verify(cfg, hist, tree):
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_5"])
 def test_a_chain_verified_on_device_tokens_equals_one_verified_on_its_tree(family):
     """The round loop verifies a chain on its drafts while they are still a
-    lazy device array (draft.ChainRound); only the topology is known then.
+    lazy device array (draft.DeviceRound); only the topology is known then.
     Same logits, same caches, and the commit takes the tree once known."""
     from treespec.tree import DraftTree
 

@@ -1,0 +1,72 @@
+"""A fixed-shape tree drafted on the device (no host round trip per level)
+is the tree the host path drafts: same tokens, same fed nodes, same draft
+cache after every commit, round after round, including rounds that accept
+a leaf the draft never fed and rounds cut short by max_tokens."""
+
+import pytest
+
+from suites.verify import support
+from treespec.draft import DeviceRound, FixedTreeDrafter
+
+pytestmark = pytest.mark.exactness
+
+SHAPES = {
+    "2x2x1": dict(branching=[2, 2, 1]),
+    "3x1": dict(branching=[3, 1]),
+    # not in level order: node 3 (depth 2) comes before node 4 (depth 1)
+    "parents": dict(parents=[-1, 0, 1, 2, 0, 4, 1]),
+}
+
+
+def deepest_path(tree, last_child: bool):
+    """A root path to a leaf: always the first (or last) child."""
+    path = [0]
+    while True:
+        kids = [i for i, p in enumerate(tree.parents) if p == path[-1]]
+        if not kids:
+            return path
+        path.append(kids[-1] if last_child else kids[0])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape):
+    model = support.model(family)
+    prompt = list(support.tokens(12, seed=3))
+    device, host = FixedTreeDrafter(**shape), FixedTreeDrafter(**shape)
+    host.on_device = False
+    for d in (device, host):
+        d.start(model, prompt[:-1])
+    root = prompt[-1]
+    for rnd_no, limit in enumerate([None, None, 2, None, 1, None]):
+        a, b = device.draft(root, limit), host.draft(root, limit)
+        assert isinstance(a, DeviceRound) and not isinstance(b, DeviceRound)
+        assert a.tree == b.tree
+        assert a.fed == b.fed and a.offset == b.offset
+        assert a.fed_tree == b.fed_tree
+        # Alternate between paths to fed nodes and to unfed leaves.
+        path = deepest_path(a.tree, last_child=rnd_no % 2 == 1)
+        for d, r in ((device, a), (host, b)):
+            d.commit(r, path)
+        assert device.pending == host.pending
+        assert support.snapshot(device.cache) == support.snapshot(host.cache)
+        root = a.tree.tokens[path[-1]]
+
+
+def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():
+    """limit 0 (max_tokens reached) takes the host path: the accepted leaf
+    the device round never fed must still reach the draft cache."""
+    from treespec.draft import cache_offset
+
+    model = support.model("llama")
+    prompt = list(support.tokens(8, seed=1))
+    drafter = FixedTreeDrafter(branching=[2, 1])
+    drafter.start(model, prompt[:-1])
+    rnd = drafter.draft(prompt[-1])
+    drafter.commit(rnd, [0, 1, 3])  # node 3: a leaf the draft never fed
+    assert drafter.pending == [rnd.tree.tokens[3]]
+    assert cache_offset(drafter.cache) == len(prompt) + 1  # + root and node 1
+    tiny = drafter.draft(rnd.tree.tokens[3], limit=0)
+    drafter.commit(tiny, [0])
+    assert len(tiny.tree) == 1 and drafter.pending == []
+    assert cache_offset(drafter.cache) == len(prompt) + 3  # + the leaf and the new root
