@@ -1,0 +1,63 @@
+"""Fixed trees drafted on the device against the host path, the two alone.
+
+    python scripts/ab_tree_drafting.py [--trees "2,1,1 2,2,1"] [--repeats 9]
+
+The trained pair, two Python prompts x 64 tokens; FixedTreeDrafter with
+``on_device`` True (each level's tokens gathered from the parents' device
+top-k, one graph per round) and False (one host round trip per level).
+Both texts are checked against classic first; medians of interleaved wall
+times are printed.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mlx_lm  # noqa: E402
+
+from treespec.bench import PROMPTS, parse_trees  # noqa: E402
+from treespec.cli import default_pair  # noqa: E402
+from treespec.decode import decode  # noqa: E402
+from treespec.draft import FixedTreeDrafter  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trees", type=parse_trees, default=parse_trees("2,1,1 2,2,1"))
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    args = ap.parse_args()
+    t, d = default_pair()
+    target, tok = mlx_lm.load(str(t))
+    draft, _ = mlx_lm.load(str(d))
+    prompts = [tok.encode(p) for p in PROMPTS[:2]]
+    ref = [decode(target, p, max_tokens=args.max_tokens).tokens for p in prompts]
+    for branching in args.trees:
+        def run(on_device, branching=branching):
+            out = []
+            for p in prompts:
+                drafter = FixedTreeDrafter(branching=branching)
+                drafter.on_device = on_device
+                out.append(decode(target, p, mode="tree", draft_model=draft, drafter=drafter,
+                                  max_tokens=args.max_tokens, gate=False).tokens)
+            return out
+
+        if run(True) != ref or run(False) != ref:
+            sys.exit(f"{branching}: a text differs from classic: no figure")
+        times = {True: [], False: []}
+        for _ in range(args.repeats):
+            for on_device in (True, False):
+                t0 = time.perf_counter()
+                run(on_device)
+                times[on_device].append(time.perf_counter() - t0)
+        dev, host = statistics.median(times[True]), statistics.median(times[False])
+        print(f"fixed {list(branching)}: device {dev * 1e3:.0f} ms, host {host * 1e3:.0f} ms, "
+              f"device speedup {host / dev:.3f}")
+
+
+if __name__ == "__main__":
+    main()
