@@ -358,9 +358,13 @@ class FixedTreeDrafter(_TopKTree):
                         parents.append(p)
                         nxt.append(len(parents) - 1)
                 level = nxt
-        # Validate the shape once, with placeholder tokens.
-        DraftTree([0] * len(parents), parents)
-        self.shape = list(parents)
+        # Validate the shape once, with placeholder tokens; keep it in level
+        # order, the order a round's tree is built in, so that the shapes the
+        # gate probes (prefixes of it) are the trees verified.
+        depths = DraftTree([0] * len(parents), parents).depths()
+        order = sorted(range(len(parents)), key=lambda i: (depths[i], i))
+        where = {node: k for k, node in enumerate(order)}
+        self.shape = [-1] + [where[parents[i]] for i in order[1:]]
         self.branching = list(branching) if branching is not None else None
         # The most children any node has: how many top tokens each expansion fetches.
         self._kmax = max(Counter(self.shape[1:]).values(), default=1)
@@ -413,13 +417,8 @@ class FixedTreeDrafter(_TopKTree):
                     tokens=mx.concatenate([token[i] for i in expand]))
                 for row, order in zip(expand, self._device_top(logits)):
                     top[row] = order
-        # Nodes in level order, as ``_grow`` builds them (an explicit parent
-        # list need not be in level order).
-        order = sorted(range(len(shape)), key=lambda i: (depths[i], i))
-        where = {node: k for k, node in enumerate(order)}
-        parents = [-1] + [where[shape[i]] for i in order[1:]]
-        drafts = mx.concatenate([token[i] for i in order[1:]])
-        return DeviceRound(root, parents, drafts, [fed[i] for i in order], offset)
+        drafts = mx.concatenate([token[i] for i in range(1, len(shape))])
+        return DeviceRound(root, shape, drafts, fed, offset)  # the shape is in level order
 
     def _device_top(self, logits: mx.array) -> mx.array:
         """Per row, the ``_kmax`` best token ids, best first: ``_expand``'s

@@ -18,6 +18,22 @@ SHAPES = {
 }
 
 
+@pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
+def test_a_parent_list_is_kept_in_level_order_so_the_probed_shapes_are_the_verified_trees(
+        on_device):
+    model = support.model("llama")
+    prompt = list(support.tokens(8, seed=2))
+    drafter = FixedTreeDrafter(**SHAPES["parents"])
+    drafter.on_device = on_device
+    drafter.start(model, prompt[:-1])
+    assert drafter.shape == [-1, 0, 0, 1, 2, 1, 3]  # [-1, 0, 1, 2, 0, 4, 1] renumbered
+    probed = set(drafter.probe_shapes())
+    for limit in (None, 3):
+        rnd = drafter.draft(prompt[-1], limit)
+        assert tuple(rnd.tree.parents) in probed
+        drafter.commit(rnd, [0])
+
+
 def deepest_path(tree, last_child: bool):
     """A root path to a leaf: always the first (or last) child."""
     path = [0]
