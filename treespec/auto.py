@@ -24,11 +24,11 @@ fixed trees when asked, and classic):
 
     tokens per ms = E[emitted per round] / (verify(T) + draft + other)
 
-verify(T) = alpha + beta * cost(T), alpha and beta fitted on the two measured chains
-(so the adapter's own overhead over a plain forward is in it); chain draft and other
-costs are linear in the block between the two measured chains; the tree's are anchored
-at its measured budget (draft proportional to the number of expansion steps, verify
-moved along the curve). Classic is its measured time per token. All of it is steady
+Chains: verify(T) = alpha + beta * cost(T) and draft and other costs linear in the block,
+fitted on the two measured chains (their sum is what counts: a chain round runs drafting and
+verifying as one graph, so its draft column holds most of the verify); the tree's costs are
+anchored at its measured budget (draft proportional to the number of expansion steps, verify
+moved along the curve by cost(T) differences). Classic is its measured time per token. All of it is steady
 state: prefill is left out of every figure (a speculative run also prefills the draft
 model, a cost that a short generation feels and a long one does not).
 
@@ -245,7 +245,10 @@ def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequen
             cands.append(Candidate(
                 "confidence", budget=n, width=tree.get("width", width), nodes=nodes,
                 emitted=es[n],
-                verify_ms=tree["verify_ms"] + beta * (_interp(curve, nodes) - _interp(curve, tree["nodes"])),
+                # Moved along the curve itself: a chain round is one graph
+                # (treespec.draft.DeviceRound), its verify column holds no
+                # forward cost to fit a slope on; the tree's own split is true.
+                verify_ms=tree["verify_ms"] + _interp(curve, nodes) - _interp(curve, tree["nodes"]),
                 # one forward for the root, one per expansion step (<= n of them)
                 draft_ms=tree["draft_ms"] * min(n + 1, steps) / steps,
                 other_ms=tree["other_ms"], source="measured" if n == big else "model"))

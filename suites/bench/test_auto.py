@@ -166,6 +166,19 @@ def test_a_tree_within_the_margin_loses_to_the_chain():
     assert choice.kind == "chain"
 
 
+def test_tree_verify_moves_along_the_curve_even_when_chain_rounds_hide_their_verify():
+    """Chain rounds run drafting and verifying as one graph, so their measured
+    verify column is ~0 and their draft column holds it; a smaller tree's
+    verify must still come from the curve, not from a slope fitted on that."""
+    curve = linear(10.0)
+    chains = [chain_run(b, [2, 3, 1], 0.0, curve[b] + 0.5 * (b - 1)) for b in (2, 8)]
+    tree = tree_run(curve, [3, 2, 4], budget=7, draft_ms=4.0)
+    cands = {c.budget: c for c in predict(curve, None, chains, tree, max_block=8)
+             if c.kind == "confidence"}
+    assert cands[7].verify_ms == pytest.approx(curve[8] + 0.5)
+    assert cands[3].verify_ms == pytest.approx(curve[4] + 0.5)
+
+
 def test_a_candidate_the_probe_declines_is_never_chosen():
     curve = flat(10.0)
     chains = chains_on(curve, [7, 7, 7, 6], draft_step=0.5)
