@@ -29,7 +29,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import platform
 import sys
 import sysconfig

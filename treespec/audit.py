@@ -1080,7 +1080,7 @@ def check(prop: str, s: Subject) -> List[Check]:
     if prop in NEEDS_ADAPTER:
         try:
             the_adapter(s)
-        except TreeRefused as e:
+        except TreeRefused:
             return [Check(prop, SKIP, "no adapter (see the adapter row)")]
     try:
         out = CHECKS[prop](s)

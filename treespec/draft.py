@@ -17,8 +17,8 @@ Three shapes, one mechanism:
 """
 
 import heapq
-from collections import Counter
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -160,6 +160,13 @@ def _restore(c, saved):
         c.cache = list(saved)
 
 
+def _logprobs(logits: mx.array) -> mx.array:
+    """The draft's float32 log-probabilities, rows over the last axis: what
+    every drafter ranks children by."""
+    lp = logits.astype(mx.float32)
+    return lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+
+
 PREFILL_STEP = 2048  # mlx-lm generate_step's default, so caches match classic
 
 
@@ -229,8 +236,7 @@ class Drafter:
             for c, s in zip(self.cache, self._saved):
                 _restore(c, s)
             logits = self.adapter.verify(tree, self.cache)[start:]
-        logprobs = logits.astype(mx.float32)
-        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+        logprobs = _logprobs(logits)
         k = self._top_needed()
         if k:
             # Every new node's top-k in one graph and one transfer: one sync
@@ -415,17 +421,15 @@ class FixedTreeDrafter(_TopKTree):
                 logits = self.adapter.verify(
                     DraftTree([0] * len(fed_parents), fed_parents), self.cache, start=start,
                     tokens=mx.concatenate([token[i] for i in expand]))
-                for row, order in zip(expand, self._device_top(logits)):
-                    top[row] = order
+                for node, order in zip(expand, self._device_top(logits)):
+                    top[node] = order
         drafts = mx.concatenate([token[i] for i in range(1, len(shape))])
         return DeviceRound(root, shape, drafts, fed, offset)  # the shape is in level order
 
     def _device_top(self, logits: mx.array) -> mx.array:
         """Per row, the ``_kmax`` best token ids, best first: ``_expand``'s
         ranking (float32 log-probabilities, argsort), left on the device."""
-        lp = logits.astype(mx.float32)
-        lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
-        return mx.argsort(-lp, axis=-1)[:, : self._kmax]
+        return mx.argsort(-_logprobs(logits), axis=-1)[:, : self._kmax]
 
     def _grow(self, root, limit) -> DraftRound:
         shape = self.shape

@@ -99,7 +99,7 @@ def test_top_k_1_sampling_is_greedy_decoding(mode, kw):
 def test_sampled_children_are_distinct_draws_in_the_support():
     """Children of a node: distinct tokens of draft probability > 0 (slots
     past a top-k of 2 pruned), each expanded node reporting its q."""
-    t, d = models.target(), models.draft()
+    d = models.draft()
     drafter = SampledTreeDrafter(branching=(3, 2)).bind(SamplingParams(1.0, top_k=2),
                                                         streams(0)[0])
     drafter.start(d, models.PROMPT[:-1])
