@@ -96,10 +96,11 @@ class PlainChainAdapter:
     def __init__(self, model, inner):
         self.model, self.inner = model, inner
 
-    def verify(self, tree, cache, start=0):
+    def verify(self, tree, cache, start=0, tokens=None):
         if tree.is_linear() and start == 0:
-            return self.model(mx.array(tree.tokens)[None], cache=cache)[0]
-        return self.inner.verify(tree, cache, start)
+            tokens = mx.array(tree.tokens) if tokens is None else tokens
+            return self.model(tokens[None], cache=cache)[0]
+        return self.inner.verify(tree, cache, start, tokens=tokens)
 
     def commit(self, cache, tree, path, offset=None):
         if tree.is_linear():
