@@ -564,27 +564,30 @@ def machine_info() -> dict:
         info["blas"], info["blas_key"] = describe(b), b.key()
     except Exception as e:  # detection must never stop a bench
         info["blas"] = f"BLAS: unknown ({type(e).__name__}: {e})"
-    root = Path(__file__).resolve().parent.parent
-    if os.environ.get("TREESPEC_COMMIT"):
-        # A copied working tree (a device's) may carry a stale .git: the
-        # runner names the commit it copied.
-        info["git"] = os.environ["TREESPEC_COMMIT"]
-    try:
-        head = None if "git" in info else subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                              capture_output=True, text=True, timeout=10)
-        if head is not None and head.returncode == 0:
-            commit = head.stdout.strip()
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                   cwd=root, capture_output=True, text=True, timeout=10)
-            info["git"] = commit + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    info.setdefault("git", "unknown")
+    # A copied working tree (a device's) may carry a stale .git: the runner
+    # names the commit it copied.
+    info["git"] = (os.environ.get("TREESPEC_COMMIT")
+                   or _git_commit(Path(__file__).resolve().parent.parent))
     try:
         info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
     return info
+
+
+def _git_commit(root: Path) -> str:
+    """The checkout's short commit, '+dirty' with uncommitted tracked changes,
+    or 'unknown' (no git, not a checkout)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def _f(v, fmt="{:.2f}", none="-"):
