@@ -587,13 +587,8 @@ def check_linear_verify(s: Subject) -> List[Check]:
         base = base_cache(s, hist, CacheMode())
         for n in lengths:
             tree = DraftTree.linear([rng.randrange(v) for _ in range(n)])
-            cache = clone(base)
-            try:
-                logits = adapter.verify(tree, cache)
-                mx.eval(logits)
-            except TreeRefused as e:
-                tally.refused.append(f"refused: {e.reason}")
-                _refusal_untouched(tally, cache, base, hist, w, f"chain of {n}")
+            logits = _verify_copy(tally, adapter, tree, base, hist, w, f"chain of {n}", "refused")
+            if logits is None:
                 continue
             ref = plain(model, clone(base), tree.tokens)
             where = {"history": hist.label(w), "chain": n, "tree": list(tree.parents)}
@@ -608,11 +603,21 @@ def check_linear_verify(s: Subject) -> List[Check]:
     return [tally.check("linear-verify", f"rows of chains {lengths} at {len(histories(s))} offsets")]
 
 
-def _refusal_untouched(tally, cache, base, hist, w, what):
-    """Contract 8: a refusal leaves the cache as it was."""
-    if fingerprint(cache) != fingerprint(base):
-        tally.fail({"message": f"a refused verify of a {what} changed the cache",
-                    "history": hist.label(w)})
+def _verify_copy(tally, adapter, tree, base, hist, w, what, refused):
+    """The evaluated verify logits of ``tree`` on a copy of ``base``, or None
+    when the adapter refuses: the refusal is noted and (contract 8) the copy
+    must be left as it was."""
+    cache = clone(base)
+    try:
+        logits = adapter.verify(tree, cache)
+        mx.eval(logits)
+        return logits
+    except TreeRefused as e:
+        tally.refused.append(f"{refused}: {e.reason}")
+        if fingerprint(cache) != fingerprint(base):
+            tally.fail({"message": f"a refused verify of a {what} changed the cache",
+                        "history": hist.label(w)})
+        return None
 
 
 def check_tree_verify(s: Subject, mode: CacheMode = CacheMode()) -> Check:
@@ -627,13 +632,9 @@ def check_tree_verify(s: Subject, mode: CacheMode = CacheMode()) -> Check:
         base = base_cache(s, hist, mode)
         for tree in branching_trees(s, rng):
             trees += 1
-            cache = clone(base)
-            try:
-                logits = adapter.verify(tree, cache)
-                mx.eval(logits)
-            except TreeRefused as e:
-                tally.refused.append(f"adapter refuses branching trees: {e.reason}")
-                _refusal_untouched(tally, cache, base, hist, w, f"{len(tree)}-node tree")
+            logits = _verify_copy(tally, adapter, tree, base, hist, w, f"{len(tree)}-node tree",
+                                  "adapter refuses branching trees")
+            if logits is None:
                 continue
             where = {"history": hist.label(w), "mode": mode.name, "tree": list(tree.parents)}
             if logits.shape[0] != len(tree):
