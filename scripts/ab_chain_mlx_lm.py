@@ -16,10 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import mlx_lm  # noqa: E402
-
 from treespec.bench import PROMPTS, _mlx_lm_run  # noqa: E402
-from treespec.cli import default_pair  # noqa: E402
+from treespec.cli import load_default_pair  # noqa: E402
 from treespec.decode import decode  # noqa: E402
 
 
@@ -29,9 +27,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args()
-    t, d = default_pair()
-    target, tok = mlx_lm.load(str(t))
-    draft, _ = mlx_lm.load(str(d))
+    target, draft, tok = load_default_pair()
     prompts = [tok.encode(p) for p in PROMPTS[:2]]
     n, b = args.max_tokens, args.block
 

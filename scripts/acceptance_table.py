@@ -25,11 +25,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
     if args.pair:
-        from treespec.cli import default_pair
+        from treespec.cli import load_default_pair
 
-        t, d = default_pair()
-        target, tok = mlx_lm.load(str(t))
-        draft, _ = mlx_lm.load(str(d))
+        target, draft, tok = load_default_pair()
         prompts = CODE_PROMPTS
     else:
         target, tok = mlx_lm.load(str(zoo.checkpoint(args.family)))

@@ -41,12 +41,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mlx.core as mx  # noqa: E402
-import mlx_lm  # noqa: E402
 from mlx_lm.generate import speculative_generate_step  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache  # noqa: E402
 
 from treespec.bench import PROMPTS  # noqa: E402
-from treespec.cli import default_pair  # noqa: E402
+from treespec.cli import load_default_pair  # noqa: E402
 from treespec.decode import _clip, _eos_set, classic, decode  # noqa: E402
 from treespec.draft import ChainDrafter, DraftRound, cache_offset  # noqa: E402
 from treespec.gate import decide  # noqa: E402
@@ -254,9 +253,7 @@ def main(argv=None):
                     help="only the per-phase microbenchmark (CPU and wall medians)")
     args = ap.parse_args(argv)
 
-    tp, dp = default_pair()
-    target, tok = mlx_lm.load(str(tp))
-    draft, _ = mlx_lm.load(str(dp))
+    target, draft, tok = load_default_pair()
     eos = list(tok.eos_token_ids)
     prompts = [tok.encode(p) for p in PROMPTS[: args.prompts]]
     b, m = args.block, args.max_tokens

@@ -39,6 +39,16 @@ def default_pair():
     return PAIR / "target", PAIR / "draft"
 
 
+def load_default_pair():
+    """(target, draft, tokenizer) of the built-in pair, through ``mlx_lm.load``."""
+    import mlx_lm
+
+    target_path, draft_path = default_pair()
+    target, tokenizer = mlx_lm.load(str(target_path))
+    draft, _ = mlx_lm.load(str(draft_path))
+    return target, draft, tokenizer
+
+
 def check_same_tokenizer(tok_a, tok_b, model_a, model_b):
     va, vb = tok_a.get_vocab(), tok_b.get_vocab()
     if va != vb:

@@ -241,15 +241,11 @@ def test_decode_kwargs_of_each_kind():
 
 @pytest.mark.slow
 def test_choose_on_the_trained_pair_returns_a_decodable_choice_with_its_reasons():
-    import mlx_lm
-
     from treespec.auto import choose
-    from treespec.cli import default_pair
+    from treespec.cli import load_default_pair
     from treespec.decode import decode
 
-    tp, dp = default_pair()
-    target, tok = mlx_lm.load(str(tp))
-    draft, _ = mlx_lm.load(str(dp))
+    target, draft, tok = load_default_pair()
     c = choose(target, draft, tokenizer=tok, max_block=3, max_tokens=8, repeats=1)
     assert set(c) >= {"mode", "block", "budget", "branching", "width", "reason", "predicted"}
     assert c["mode"] in ("classic", "chain", "tree")

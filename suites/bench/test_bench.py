@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from treespec import bench as B
-from treespec.cli import build_parser, default_pair
+from treespec.cli import build_parser, default_pair, load_default_pair
 from treespec.gate import Decision
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -252,12 +252,7 @@ def test_scaled_with_a_checkpoint_is_refused(capsys):
 
 @pytest.fixture(scope="module")
 def pair():
-    import mlx_lm
-
-    target_path, draft_path = default_pair()
-    target, tok = mlx_lm.load(str(target_path))
-    draft, _ = mlx_lm.load(str(draft_path))
-    return target, draft, tok
+    return load_default_pair()
 
 
 @pytest.mark.slow
