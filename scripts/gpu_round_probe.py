@@ -3,6 +3,7 @@ configuration decoded several times in a row (first-call costs show as a
 slow first run), and bare draft / verify steps timed with a sync each.
 
     python scripts/gpu_round_probe.py --dims 2048x16 --alpha 0.02
+    python scripts/gpu_round_probe.py --configs "classic chain:5 tree:2,1,1 parents:-1,0,0,1,1"
 """
 import argparse
 import statistics
@@ -34,36 +35,58 @@ def step_ms(model, T, context=64, n=20):
     return statistics.median(out[3:])
 
 
+def parse_config(text):
+    kind, _, arg = text.partition(":")
+    ints = [int(x) for x in arg.split(",") if x]
+    if kind == "classic":
+        return "classic", dict(mode="classic")
+    if kind == "chain":
+        return f"chain b={ints[0]}", dict(mode="chain", block=ints[0])
+    if kind == "tree":
+        return f"fixed {arg}", dict(mode="tree", branching=ints)
+    if kind == "parents":
+        return f"parents[{len(ints)}]", dict(mode="tree", parents=ints)
+    raise SystemExit(f"unknown config {text!r}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dims", type=parse_dims, default=(2048, 16))
     ap.add_argument("--alpha", type=float, default=0.02)
     ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--configs", default="classic chain:2 chain:3 chain:5 tree:2,1,1",
+                    help="classic, chain:B, tree:B1,B2,.. (branching), parents:-1,0,.. ")
+    ap.add_argument("--mlx-lm", default="2,3,5", help="mlx-lm blocks ('' for none)")
+    ap.add_argument("--steps", action="store_true", help="time bare draft/verify steps first")
+    ap.add_argument("--dtype", default="bfloat16", help="bfloat16, or float32 to check texts")
     args = ap.parse_args()
-    target, draft = scaled.build_pair(*args.dims, 2, args.alpha)
-    for name, m in (("target", target), ("draft", draft)):
-        print(name, " ".join(f"T={T}:{step_ms(m, T):.2f}ms" for T in (1, 2, 4, 8)), flush=True)
+    target, draft = scaled.build_pair(*args.dims, 2, args.alpha, args.dtype)
+    if args.steps:
+        for name, m in (("target", target), ("draft", draft)):
+            print(name, " ".join(f"T={T}:{step_ms(m, T):.2f}ms" for T in (1, 2, 4, 8)), flush=True)
     p = scaled.default_prompts(1)[0]
-    cfgs = [("classic", dict(mode="classic")), ("chain b=2", dict(mode="chain", block=2)),
-            ("chain b=3", dict(mode="chain", block=3)), ("chain b=5", dict(mode="chain", block=5)),
-            ("fixed 2,1,1", dict(mode="tree", branching=[2, 1, 1]))]
-    ref = decode(target, p, "classic", max_tokens=48).tokens
+    cfgs = [parse_config(c) for c in args.configs.split()]
+    mt = args.max_tokens
+    ref = decode(target, p, "classic", max_tokens=mt).tokens
 
     def text(tokens):
         at = next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None)
-        return "text = classic" if at is None and len(tokens) == len(ref) else f"text differs at {at}"
+        same = "text = classic" if at is None and len(tokens) == len(ref) else f"text differs at {at}"
+        return f"{same} (hash {hash(tuple(tokens)) % 10**6:06d})"
 
     for name, kw in cfgs:
         for i in range(args.runs):
             t0 = time.perf_counter()
-            r = decode(target, p, draft_model=draft, max_tokens=48, gate=False, **kw)
+            r = decode(target, p, draft_model=draft, max_tokens=mt, gate=False, **kw)
             dt = time.perf_counter() - t0
             tm = {k: round(v / max(r.stats.rounds, 1), 2) for k, v in r.stats.time_ms.items()}
-            print(f"{name:12} run {i}: {len(r.tokens) / dt:7.1f} tok/s, {r.stats.rounds} rounds, "
+            print(f"{name:12} run {i}: {len(r.tokens) / dt:7.1f} tok/s, {r.stats.rounds} rounds "
+                  f"({len(r.tokens) / max(r.stats.rounds, 1):.2f} per round), "
                   f"ms/round {tm}, {text(r.tokens)}", flush=True)
-    for b in (2, 3, 5):
+    for b in [int(x) for x in args.mlx_lm.split(",") if x]:
         for i in range(args.runs):
-            run = _mlx_lm_run(target, draft, p, 48, None, b)
+            run = _mlx_lm_run(target, draft, p, mt, None, b)
             print(f"mlx-lm b={b} run {i}: {len(run.tokens) / run.wall_s:7.1f} tok/s, "
                   f"{text(run.tokens)}", flush=True)
 

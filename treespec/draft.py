@@ -167,6 +167,19 @@ def _logprobs(logits: mx.array) -> mx.array:
     return lp - mx.logsumexp(lp, axis=-1, keepdims=True)
 
 
+def top_ids(logprobs: mx.array, k: int) -> mx.array:
+    """Per row, the ids of the ``k`` largest values, largest first: every
+    tree drafter's children. A partition, then a sort of the k: a full
+    argsort of a 32000-token vocabulary took 7.2 ms per level on this CPU
+    against 0.85 ms (3 rows, k 3), a tree's whole extra cost over a chain."""
+    k = min(k, logprobs.shape[-1])
+    if k == 1:
+        return mx.argmax(logprobs, axis=-1, keepdims=True)
+    ids = mx.argpartition(-logprobs, k - 1, axis=-1)[:, :k]
+    values = mx.take_along_axis(logprobs, ids, axis=-1)
+    return mx.take_along_axis(ids, mx.argsort(-values, axis=-1), axis=-1)
+
+
 PREFILL_STEP = 2048  # mlx-lm generate_step's default, so caches match classic
 
 
@@ -241,7 +254,7 @@ class Drafter:
         if k:
             # Every new node's top-k in one graph and one transfer: one sync
             # per level, not one per node (each costs a device round trip).
-            order = mx.argsort(-logprobs, axis=-1)[:, :k]
+            order = top_ids(logprobs, k)
             top = mx.take_along_axis(logprobs, order, axis=-1)
             mx.eval(logprobs, order, top)
             for row, pairs in enumerate(zip(order.tolist(), top.tolist())):
@@ -404,6 +417,7 @@ class FixedTreeDrafter(_TopKTree):
         internal = set(shape[1:])
         logits = self.model(mx.array(first)[None], cache=self.cache)[0, -1:]
         top = {0: self._device_top(logits)[0]}
+        mx.async_eval(top[0])
         fed, fed_parents, token = [0] + [-1] * (len(shape) - 1), [-1], {}
         for d in range(1, int(depths.max()) + 1):
             level = [i for i in range(1, len(shape)) if depths[i] == d]
@@ -421,15 +435,19 @@ class FixedTreeDrafter(_TopKTree):
                 logits = self.adapter.verify(
                     DraftTree([0] * len(fed_parents), fed_parents), self.cache, start=start,
                     tokens=mx.concatenate([token[i] for i in expand]))
-                for node, order in zip(expand, self._device_top(logits)):
+                level_top = self._device_top(logits)
+                # Started now, as the chain starts each draft: the device runs
+                # this level while the host builds the next one.
+                mx.async_eval(level_top)
+                for node, order in zip(expand, level_top):
                     top[node] = order
         drafts = mx.concatenate([token[i] for i in range(1, len(shape))])
         return DeviceRound(root, shape, drafts, fed, offset)  # the shape is in level order
 
     def _device_top(self, logits: mx.array) -> mx.array:
         """Per row, the ``_kmax`` best token ids, best first: ``_expand``'s
-        ranking (float32 log-probabilities, argsort), left on the device."""
-        return mx.argsort(-_logprobs(logits), axis=-1)[:, : self._kmax]
+        ranking (``top_ids`` of float32 log-probabilities), left on the device."""
+        return top_ids(_logprobs(logits), self._kmax)
 
     def _grow(self, root, limit) -> DraftRound:
         shape = self.shape

@@ -104,32 +104,34 @@ class _Tail:
         self.first_moved = int(moved[0]) if moved.size else self.k
 
 
-def _compact(x, start: int, tail: _Tail, owned: bool = True):
-    """Move row ``start + path[i]`` to ``start + i`` along the time axis (2)
-    of one array or a quantized (packed, scales, biases) list; returns the
-    result in the same form.
-
-    Only rows from the first off-path node on are read and written, so the
-    cost is O(k) rows whatever the context length. ``owned``: the cache
-    allocated these arrays, so they are written in place (rows past the path
-    stay as they were); otherwise (a first update of a concatenating cache
-    stores the caller's array itself) new arrays end after the path."""
+def _gather(x, start: int, tail: _Tail) -> list:
+    """The rows ``start + path[i]`` (from the first off-path node on) of one
+    array or a quantized (packed, scales, biases) list, still lazy: the rows
+    ``_place`` will write. Reading only those makes the cost O(k) rows
+    whatever the context length."""
     arrays = list(x) if isinstance(x, (tuple, list)) else [x]
     f = tail.first_moved
-    if f < tail.k:
-        idx = mx.array(start + tail.path[f:], dtype=mx.int32)
-        rows = [mx.take(a, idx, axis=2) for a in arrays]
-        # While a pending take still reads the buffer, the slice update
-        # cannot reuse it and copies the whole context (30 ms, not 0.2, at 8k).
-        mx.eval(rows)
-        if owned:
-            for a, r in zip(arrays, rows):
-                a[..., start + f : start + tail.k, :] = r
-        else:
-            arrays = [
-                mx.concatenate([a[..., : start + f, :], r], axis=2)
-                for a, r in zip(arrays, rows)
-            ]
+    if f == tail.k:
+        return []
+    idx = mx.array(start + tail.path[f:], dtype=mx.int32)
+    return [mx.take(a, idx, axis=2) for a in arrays]
+
+
+def _place(x, rows: list, start: int, tail: _Tail, owned: bool = True):
+    """Write gathered ``rows`` to ``start + first_moved ..`` along the time
+    axis (2); returns ``x`` in the same form. ``owned``: the cache allocated
+    these arrays, so they are written in place (rows past the path stay as
+    they were); otherwise (a first update of a concatenating cache stores
+    the caller's array itself) new arrays end after the path."""
+    if not rows:
+        return x
+    arrays = list(x) if isinstance(x, (tuple, list)) else [x]
+    f = tail.first_moved
+    if owned:
+        for a, r in zip(arrays, rows):
+            a[..., start + f : start + tail.k, :] = r
+    else:
+        arrays = [mx.concatenate([a[..., : start + f, :], r], axis=2) for a, r in zip(arrays, rows)]
     return type(x)(arrays) if isinstance(x, (tuple, list)) else arrays[0]
 
 
@@ -268,9 +270,8 @@ def capture_recurrent_inputs(model: nn.Module):
 
 # -- per cache mode: validate, then return the mutation ---------------------
 #
-# A planner checks everything about one cache and returns ``apply``, which
-# mutates it and returns the arrays to evaluate. Nothing is mutated until
-# every layer has been planned.
+# A planner checks everything about one cache and returns ``prepare`` (see
+# ``_plan``). Nothing is read or mutated until every layer has been planned.
 
 
 def _check_tail(c, where, tail: _Tail):
@@ -291,12 +292,18 @@ def _plan_appending(c, where, tail, entry, recurrent, start_position=0):
     _check_tail(c, where, tail)
     start = tail.offset - start_position
 
-    def apply():
-        c.keys, c.values = _compact(c.keys, start, tail), _compact(c.values, start, tail)
-        c.offset = tail.offset + tail.k
-        return [c.keys, c.values]
+    def prepare():
+        rows = _gather(c.keys, start, tail), _gather(c.values, start, tail)
 
-    return apply
+        def write():
+            c.keys = _place(c.keys, rows[0], start, tail)
+            c.values = _place(c.values, rows[1], start, tail)
+            c.offset = tail.offset + tail.k
+            return [c.keys, c.values]
+
+        return rows[0] + rows[1], write
+
+    return prepare
 
 
 def _plan_chunked(c, where, tail, entry, recurrent):
@@ -336,15 +343,20 @@ def _plan_concatenate(c, where, tail, entry, recurrent):
     if c.keys.shape[2] != c.offset:
         _refuse(c, where, f"{c.keys.shape[2]} rows stored but offset {c.offset}")
 
-    def apply():
-        end, owned = tail.offset + tail.k, tail.offset > 0
-        keys = _compact(c.keys, tail.offset, tail, owned)
-        values = _compact(c.values, tail.offset, tail, owned)
-        c.keys, c.values = keys[..., :end, :], values[..., :end, :]
-        c.offset = end
-        return [c.keys, c.values]
+    def prepare():
+        rows = _gather(c.keys, tail.offset, tail), _gather(c.values, tail.offset, tail)
 
-    return apply
+        def write():
+            end, owned = tail.offset + tail.k, tail.offset > 0
+            keys = _place(c.keys, rows[0], tail.offset, tail, owned)
+            values = _place(c.values, rows[1], tail.offset, tail, owned)
+            c.keys, c.values = keys[..., :end, :], values[..., :end, :]
+            c.offset = end
+            return [c.keys, c.values]
+
+        return rows[0] + rows[1], write
+
+    return prepare
 
 
 def _plan_rotating(c, where, tail, entry, recurrent):
@@ -364,7 +376,7 @@ def _plan_rotating(c, where, tail, entry, recurrent):
     trimmed or rotated differently; that layout is refused, not guessed."""
     _check_tail(c, where, tail)
     if tail.n == 1:
-        return lambda: []
+        return _nothing
     m = min(tail.offset, c.max_size - 1)
     if not c._idx == c.keys.shape[2] == m + tail.n:
         _refuse(
@@ -376,16 +388,21 @@ def _plan_rotating(c, where, tail, entry, recurrent):
         )
     if tail.k >= 2:
 
-        def apply():
-            # An empty cache stored the caller's arrays as they are: not ours to write.
-            end, owned = m + tail.k, tail.offset > 0
-            keys = _compact(c.keys, m, tail, owned)
-            values = _compact(c.values, m, tail, owned)
-            c.keys, c.values = keys[..., :end, :], values[..., :end, :]
-            c._idx, c.offset = end, tail.offset + tail.k
-            return [c.keys, c.values]
+        def prepare():
+            rows = _gather(c.keys, m, tail), _gather(c.values, m, tail)
 
-        return apply
+            def write():
+                # An empty cache stored the caller's arrays as they are: not ours to write.
+                end, owned = m + tail.k, tail.offset > 0
+                keys = _place(c.keys, rows[0], m, tail, owned)
+                values = _place(c.values, rows[1], m, tail, owned)
+                c.keys, c.values = keys[..., :end, :], values[..., :end, :]
+                c._idx, c.offset = end, tail.offset + tail.k
+                return [c.keys, c.values]
+
+            return rows[0] + rows[1], write
+
+        return prepare
 
     if entry is None:
         _refuse(
@@ -398,14 +415,17 @@ def _plan_rotating(c, where, tail, entry, recurrent):
     if offset0 != tail.offset:
         _refuse(c, where, f"snapshot offset {offset0} is not offset {tail.offset}")
 
-    def apply():
+    def prepare():
         root = [c.keys[..., m : m + 1, :], c.values[..., m : m + 1, :]]
-        mx.eval(root)
-        c.keys, c.values, c.offset, c._idx = keys0, values0, offset0, idx0
-        c._update_in_place(*root)
-        return [c.keys, c.values]
 
-    return apply
+        def write():
+            c.keys, c.values, c.offset, c._idx = keys0, values0, offset0, idx0
+            c._update_in_place(*root)
+            return [c.keys, c.values]
+
+        return root, write
+
+    return prepare
 
 
 def _plan_recurrent(c, where, tail, entry, recurrent):
@@ -433,12 +453,12 @@ def _plan_recurrent(c, where, tail, entry, recurrent):
     if kept is not None:
         states, commit_node = kept
 
-        def apply_kept():
+        def write_kept():
             c.cache, c.left_padding, c.lengths = list(arrays0), left_padding0, lengths0
             commit_node(c, states, int(tail.path[-1]))
             return [a for a in c.cache if a is not None]
 
-        return apply_kept
+        return lambda: ([], write_kept)
     layer, name, args, kwargs = calls[0]
     module = getattr(layer, name)
     if isinstance(module, _Recorder):
@@ -447,7 +467,7 @@ def _plan_recurrent(c, where, tail, entry, recurrent):
     if not isinstance(inputs, mx.array) or inputs.ndim < 2 or inputs.shape[1] != tail.n:
         _refuse(c, where, f"the captured mixer input does not hold the {tail.n} tree nodes")
 
-    def apply():
+    def replay():
         idx = mx.array(tail.path, dtype=mx.int32)
 
         def along_path(a):  # activations and masks carry the nodes on axis 1
@@ -459,7 +479,7 @@ def _plan_recurrent(c, where, tail, entry, recurrent):
         module(*map(along_path, args), **{k: along_path(v) for k, v in kwargs.items()})
         return [a for a in c.cache if a is not None]
 
-    return apply
+    return lambda: ([], replay)
 
 
 def _kept_states(c, recurrent, tail):
@@ -480,11 +500,18 @@ def _kept_states(c, recurrent, tail):
 
 def _plan_list(c, where, tail, entry, recurrent):
     subs = entry.state if entry is not None else [None] * len(c.caches)
-    applies = [
+    plans = [
         _plan(s, where + (j,), tail, e, recurrent)
         for j, (s, e) in enumerate(zip(c.caches, subs))
     ]
-    return lambda: [a for apply in applies for a in apply()]
+
+    def prepare():
+        steps = [plan() for plan in plans]
+        return [r for reads, _ in steps for r in reads], lambda: [
+            a for _, write in steps for a in write()
+        ]
+
+    return prepare
 
 
 _PLANNERS = {
@@ -498,7 +525,14 @@ _PLANNERS = {
 }
 
 
-def _plan(c, where, tail, entry, recurrent) -> Callable[[], list]:
+def _nothing():
+    return [], lambda: []
+
+
+def _plan(c, where, tail, entry, recurrent) -> Callable[[], tuple]:
+    """Validate one cache for this commit (raising before anything is
+    written) and return its ``prepare``: ``prepare()`` queues the lazy reads
+    the commit needs, ``(reads, write)``, and ``write()`` stores the result."""
     # Exact classes only: a subclass may change the layout we rely on.
     planner = _PLANNERS.get(type(c))
     if planner is None:
@@ -553,6 +587,12 @@ def commit_path(
             if c is not c0:
                 _refuse(c, (i,), "the snapshot was taken of a different cache object")
         entries = snapshot.entries
-    applies = [_plan(c, (i,), tail, e, recurrent) for i, (c, e) in enumerate(zip(cache, entries))]
-    mx.eval([apply() for apply in applies])
+    plans = [_plan(c, (i,), tail, e, recurrent) for i, (c, e) in enumerate(zip(cache, entries))]
+    steps = [plan() for plan in plans]
+    # Every layer's reads in one sync, before any write: while a read is
+    # pending, a slice update cannot reuse its buffer and copies the whole
+    # context (30 ms, not 0.2, at 8k); and a sync per layer cost a tree round
+    # 3-5 ms of commit on the H200 (16 layers; the chain's trim needs none).
+    mx.eval([r for reads, _ in steps for r in reads])
+    mx.eval([a for _, write in steps for a in write()])
     return tail.k

@@ -86,3 +86,41 @@ def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():
     drafter.commit(tiny, [0])
     assert len(tiny.tree) == 1 and drafter.pending == []
     assert cache_offset(drafter.cache) == len(prompt) + 3  # + the leaf and the new root
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 40])
+def test_top_ids_are_the_largest_values_largest_first(k):
+    """The ranking every tree drafter uses, against numpy's full sort
+    (k larger than the row falls back to the whole row)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from treespec.draft import top_ids
+
+    x = np.random.default_rng(k).standard_normal((5, 33)).astype(np.float32)
+    want = np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    assert np.array(top_ids(mx.array(x), k)).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
+def test_each_nodes_children_are_the_drafts_best_tokens_best_first(on_device):
+    """Against the draft model itself: a plain forward over the prompt and
+    the node's path, ranked by numpy."""
+    import mlx.core as mx
+    import numpy as np
+
+    model = support.model("llama")
+    prompt = list(support.tokens(8, seed=4))
+    drafter = FixedTreeDrafter(branching=[3, 2, 1])
+    drafter.on_device = on_device
+    drafter.start(model, prompt[:-1])
+    rnd = drafter.draft(prompt[-1])
+    tree = rnd.tree
+    for node in range(len(tree)):
+        kids = [i for i, p in enumerate(tree.parents) if p == node]
+        if not kids:
+            continue
+        path = [tree.tokens[i] for i in tree.path_to(node)]
+        logits = np.array(model(mx.array(prompt[:-1] + path)[None])[0, -1].astype(mx.float32))
+        best = np.argsort(-logits, kind="stable")[: len(kids)].tolist()
+        assert [tree.tokens[i] for i in kids] == best, f"node {node}"

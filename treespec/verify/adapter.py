@@ -203,13 +203,14 @@ class TreeAdapter:
         computed (a chain still being drafted); the forward is built on them
         and ``tree`` gives only the topology.
         """
-        # A chain fed whole is mlx-lm's own chain verify: a plain forward, whose
-        # causal mask and contiguous positions are the tree's (contracts 1
-        # and 5), through the kernels mlx-lm's speculative decoding uses, and
-        # ~10% faster at block 2 than injecting them. A one-node tree is a
+        # A chain is mlx-lm's own chain verify: a plain forward, whose causal
+        # mask and contiguous positions are the tree's (contracts 1 and 5),
+        # through the kernels mlx-lm's speculative decoding uses, and ~10%
+        # faster at block 2 than injecting them; continued (``start`` > 0)
+        # too, as a drafter growing a spine feeds it. A one-node tree is a
         # plain decode step, left alone so that a wrapped RotatingKVCache
         # takes the same in-place update (and key order) as classic decoding.
-        inject = len(tree) > 1 and not (start == 0 and tree.is_linear())
+        inject = len(tree) > 1 and not tree.is_linear()
         # Only an injected forward needs every rope to take per-node
         # positions; walking the modules for them cost 0.48 ms of a 9.5 ms
         # chain round on the trained pair (cProfile), so plain forwards skip it.
