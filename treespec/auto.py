@@ -238,19 +238,22 @@ def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequen
         big = tree["budget"]
         es = emitted_by_budget(tree["records"], big)
         steps = tree.get("steps") or (big + 1)
+        # The verify forward is the curve's; everything else the draft and
+        # verify columns hold is drafting. Neither column alone can be trusted
+        # with the forward: a backend may finish the queued verify inside the
+        # drafting wait (this CPU: conf n=7's verify column read 3.1 ms where
+        # the curve gives 14.5 ms at T=8, and moving that column along the
+        # curve predicted -4.5 ms at n=1 and chose it).
+        drafting = max(tree["draft_ms"] + tree["verify_ms"] - _interp(curve, tree["nodes"]), 0.0)
         for n in range(1, big + 1):
             # Nodes actually verified scale with the budget (rounds cut short by
             # max_tokens make the measured mean a little smaller than big + 1).
             nodes = 1 + n * (tree["nodes"] - 1) / big
             cands.append(Candidate(
                 "confidence", budget=n, width=tree.get("width", width), nodes=nodes,
-                emitted=es[n],
-                # Moved along the curve itself: a chain round is one graph
-                # (treespec.draft.DeviceRound), its verify column holds no
-                # forward cost to fit a slope on; the tree's own split is true.
-                verify_ms=tree["verify_ms"] + _interp(curve, nodes) - _interp(curve, tree["nodes"]),
+                emitted=es[n], verify_ms=_interp(curve, nodes),
                 # one forward for the root, one per expansion step (<= n of them)
-                draft_ms=tree["draft_ms"] * min(n + 1, steps) / steps,
+                draft_ms=drafting * min(n + 1, steps) / steps,
                 other_ms=tree["other_ms"], source="measured" if n == big else "model"))
     for f in fixed:
         cands.append(Candidate(

@@ -169,14 +169,42 @@ def test_a_tree_within_the_margin_loses_to_the_chain():
 def test_tree_verify_moves_along_the_curve_even_when_chain_rounds_hide_their_verify():
     """Chain rounds run drafting and verifying as one graph, so their measured
     verify column is ~0 and their draft column holds it; a smaller tree's
-    verify must still come from the curve, not from a slope fitted on that."""
+    verify must still come from the curve, not from a slope fitted on that.
+    The measured tree is predicted at its measured round cost."""
     curve = linear(10.0)
     chains = [chain_run(b, [2, 3, 1], 0.0, curve[b] + 0.5 * (b - 1)) for b in (2, 8)]
     tree = tree_run(curve, [3, 2, 4], budget=7, draft_ms=4.0)
     cands = {c.budget: c for c in predict(curve, None, chains, tree, max_block=8)
              if c.kind == "confidence"}
-    assert cands[7].verify_ms == pytest.approx(curve[8] + 0.5)
-    assert cands[3].verify_ms == pytest.approx(curve[4] + 0.5)
+    assert cands[7].round_ms == pytest.approx(curve[8] + 0.5 + 4.0 + 0.5)
+    assert cands[7].verify_ms == pytest.approx(curve[8])
+    assert cands[3].verify_ms == pytest.approx(curve[4])
+    assert cands[3].draft_ms == pytest.approx((4.0 + 0.5) * 4 / 8)
+
+
+def test_a_tree_whose_verify_finished_inside_its_drafting_is_not_predicted_free():
+    """Measured on this CPU (commit af03c15): conf n=7 read draft 22.63 ms,
+    verify 3.10 ms, far under the curve's 14.5 ms at T=8, because the backend
+    ran the queued verify before the drafting wait returned. Moving that
+    verify column along the curve predicted -4.5 ms at n=1 and auto chose a
+    tree that ran at 0.78x the best chain."""
+    curve = {1: 5.43, 2: 6.46, 3: 7.6, 4: 9.12, 5: 10.85, 6: 11.94, 7: 13.07, 8: 14.48}
+    chains = [chain_run(2, [1, 1, 0, 1], 1.40, 6.64), chain_run(8, [3, 7, 2, 5, 1], 3.05, 17.62)]
+    tree = {"budget": 7, "width": 4, "records": [path_record(a, 7) for a in (1, 0, 2, 1)],
+            "nodes": 7.8, "verify_ms": 3.10, "draft_ms": 22.63, "other_ms": 0.46, "steps": 8}
+    cands = predict(curve, 4.7, chains, tree, max_block=8)
+    trees = {c.budget: c for c in cands if c.kind == "confidence"}
+    for n, c in trees.items():
+        assert c.verify_ms >= curve[1]
+        assert c.round_ms >= _curve_at(curve, c.nodes)
+    assert trees[7].round_ms == pytest.approx(3.10 + 22.63 + 0.46)
+    choice, _ = pick(cands, allow_classic=False)
+    assert choice.kind == "chain"
+
+
+def _curve_at(curve, t):
+    lo, hi = int(t), min(int(t) + 1, max(curve))
+    return curve[lo] + (t - lo) * (curve[hi] - curve[lo])
 
 
 def test_a_candidate_the_probe_declines_is_never_chosen():
