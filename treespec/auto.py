@@ -26,9 +26,10 @@ fixed trees when asked, and classic):
 
 Chains: verify(T) = alpha + beta * cost(T) and draft and other costs linear in the block,
 fitted on the two measured chains (their sum is what counts: a chain round runs drafting and
-verifying as one graph, so its draft column holds most of the verify); the tree's costs are
-anchored at its measured budget (draft proportional to the number of expansion steps, verify
-moved along the curve by cost(T) differences). Classic is its measured time per token. All of it is steady
+verifying as one graph, so its draft column holds most of the verify); a confidence tree's
+verify forward is cost(T) of its mean width, and the rest of its measured round (draft and verify
+columns less cost(T)) is drafting, proportional to the number of expansion steps; fixed trees are
+taken as measured. Classic is its measured time per token. All of it is steady
 state: prefill is left out of every figure (a speculative run also prefills the draft
 model, a cost that a short generation feels and a long one does not).
 
@@ -45,6 +46,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Sequence
+
+from .draft import fixed_shape, shape_name
 
 # Calibration prompts: Python code, distinct from treespec.bench.PROMPTS.
 CALIBRATION_PROMPTS = [
@@ -63,7 +66,7 @@ class Candidate:
     kind: str  # classic | chain | fixed | confidence
     block: Optional[int] = None  # chain
     budget: int = 0  # draft nodes per round
-    branching: Optional[tuple] = None  # fixed
+    branching: Optional[tuple] = None  # fixed: branching factors or a parent list (draft.fixed_shape)
     width: int = 4
     nodes: float = 1.0  # verify width T (mean)
     emitted: float = 1.0  # expected tokens per verify round
@@ -89,7 +92,7 @@ class Candidate:
         if self.kind == "chain":
             return f"chain b={self.block}"
         if self.kind == "fixed":
-            return "fixed [" + ",".join(map(str, self.branching)) + "]"
+            return "fixed " + shape_name(self.branching)
         return f"conf n={self.budget}"
 
     def decode_kwargs(self) -> dict:
@@ -98,7 +101,7 @@ class Candidate:
         if self.kind == "chain":
             return {"mode": "chain", "block": self.block}
         if self.kind == "fixed":
-            return {"mode": "tree", "branching": list(self.branching)}
+            return {"mode": "tree", **fixed_shape(self.branching)}
         return {"mode": "tree", "budget": self.budget, "width": self.width}
 
     def to_dict(self) -> dict:
@@ -387,7 +390,7 @@ def _calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, lo
         else:
             from .draft import FixedTreeDrafter
 
-            d = FixedTreeDrafter(branching=spec["branching"])
+            d = FixedTreeDrafter(**fixed_shape(spec["branching"]))
             mode = "tree"
         t0 = time.perf_counter()
         r = decode(target, prompt, mode=mode, draft_model=draft_model, max_tokens=mt,
@@ -442,8 +445,10 @@ def _calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, lo
 
 def decode_kwargs(choice: dict) -> dict:
     """The ``treespec.decode.decode`` keyword arguments of a choice."""
-    return {k: choice[k] for k in ("mode", "block", "budget", "branching", "width")
-            if choice.get(k) is not None}
+    out = {k: choice[k] for k in ("mode", "block", "budget", "width") if choice.get(k) is not None}
+    if choice.get("branching"):
+        out.update(fixed_shape(choice["branching"]))
+    return out
 
 
 def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer=None,
@@ -473,7 +478,7 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
 
     from .draft import FixedTreeDrafter
 
-    fixed_sizes = [FixedTreeDrafter(branching=t).budget() + 1 for t in trees]
+    fixed_sizes = [FixedTreeDrafter(**fixed_shape(t)).budget() + 1 for t in trees]
     t_max = max([max_block] + fixed_sizes)
     t0 = time.perf_counter()
     curve_rows = verify_cost_curve(target, tuple(range(1, t_max + 1)), context=64,
@@ -489,7 +494,7 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
     specs += [{"kind": "chain", "block": b} for b in blocks]
     specs.append({"kind": "confidence", "budget": max_block - 1, "width": width})
     specs += [{"kind": "fixed", "branching": tuple(t),
-               "budget": FixedTreeDrafter(branching=t).budget()} for t in trees]
+               "budget": FixedTreeDrafter(**fixed_shape(t)).budget()} for t in trees]
     t0 = time.perf_counter()
     cal = _calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos_token_ids, log)
     log(f"auto: calibration {len(specs)} configurations x {len(prompts)} prompts x "

@@ -10,7 +10,8 @@ Configurations (all greedy, temperature 0):
 
 - ``classic``: mlx-lm's ``generate_step`` (the reference every text is diffed with);
 - ``chain b=B``: treespec's chain for each block B of ``--blocks``;
-- ``fixed [2,2,1]``: fixed top-k topologies (``--trees``);
+- ``fixed [2,2,1]`` / ``fixed p[-1,0,0,1,1]``: fixed top-k topologies, branching or parent
+  lists (``--trees``);
 - ``conf n=N``: the confidence-driven tree at node budget N = B - 1 for each block;
 - ``mlx-lm b=B``: ``mlx_lm.generate.speculative_generate_step`` (what ``stream_generate``
   runs when given a draft model) with ``num_draft_tokens = B - 1``;
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from .costcurve import parse_dims
+from .draft import FixedTreeDrafter, fixed_shape, shape_name
 
 # Python-code prompts for the trained pair (trained on CPython's stdlib). Each
 # ends in a newline, not indentation spaces (treespec/pair/README.md says why).
@@ -88,15 +90,24 @@ def parse_blocks(text: str) -> List[int]:
 
 
 def parse_trees(text: str) -> List[tuple]:
-    """'2,1,1 2,2,1' (or ';'-separated) -> [(2,1,1), (2,2,1)]; '' -> []."""
+    """'2,1,1 2,2,1' (or ';'-separated) -> [(2,1,1), (2,2,1)]; '' -> []. A part
+    that starts with -1 is a parent list ('-1,0,0,1,1': the chain plus the
+    second-best token at each depth); on the command line write it
+    ``--trees="-1,0,0,1,1"``, or argparse takes it for an option."""
     out = []
     for part in text.replace(";", " ").split():
         try:
             t = tuple(int(x) for x in part.split(",") if x)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--trees wants branching lists like 2,2,1, got {part!r}")
-        if not t or min(t) < 1:
-            raise argparse.ArgumentTypeError(f"branching factors must be >= 1, got {part!r}")
+            raise argparse.ArgumentTypeError(
+                f"--trees wants branching lists like 2,2,1 or parent lists like -1,0,0,1, "
+                f"got {part!r}")
+        try:
+            if not t:
+                raise ValueError("an empty shape")
+            FixedTreeDrafter(**fixed_shape(t))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"--trees: {part!r}: {e}")
         out.append(t)
     return out
 
@@ -112,7 +123,7 @@ class Config:
     kind: str  # classic | chain | fixed | confidence | mlx-lm | auto
     block: Optional[int] = None
     budget: int = 0  # draft nodes per round
-    branching: Optional[tuple] = None
+    branching: Optional[tuple] = None  # fixed: branching factors or a parent list
     width: int = 4
     choice: Optional[dict] = None  # auto's choice
     # Tests substitute a runner: (target, draft, prompt, max_tokens, eos) -> Run.
@@ -139,14 +150,15 @@ class Config:
             raise AssertionError("unreachable")
         if self.kind == "auto":
             c = self.choice
-            return {k: c.get(k) for k in ("mode", "block", "budget", "branching", "width")
-                    if c.get(k) is not None}
+            from .auto import decode_kwargs
+
+            return decode_kwargs(c)
         if kind == "classic":
             return {"mode": "classic"}
         if kind in ("chain", "mlx-lm"):
             return {"mode": "chain", "block": self.block}
         if kind == "fixed":
-            return {"mode": "tree", "branching": list(self.branching)}
+            return {"mode": "tree", **fixed_shape(self.branching)}
         return {"mode": "tree", "budget": self.budget, "width": self.width}
 
     def drafter(self):
@@ -172,11 +184,8 @@ def build_configs(blocks: Sequence[int], trees: Sequence[tuple] = FIXED_TREES, w
     configs = [Config("classic", "classic")]
     configs += [Config(f"chain b={b}", "chain", block=b, budget=b - 1) for b in blocks]
     for t in trees:
-        from .draft import FixedTreeDrafter
-
-        n = FixedTreeDrafter(branching=t).budget()
-        configs.append(Config("fixed [" + ",".join(map(str, t)) + "]", "fixed", branching=tuple(t),
-                              budget=n))
+        n = FixedTreeDrafter(**fixed_shape(t)).budget()
+        configs.append(Config(f"fixed {shape_name(t)}", "fixed", branching=tuple(t), budget=n))
     configs += [Config(f"conf n={b - 1}", "confidence", budget=b - 1, width=width) for b in blocks]
     if mlx_lm:
         configs += [Config(f"mlx-lm b={b}", "mlx-lm", block=b, budget=b - 1) for b in blocks]
@@ -197,7 +206,7 @@ def describe_choice(choice: dict) -> str:
     if mode == "chain":
         return f"chain b={choice['block']}"
     if choice.get("branching"):
-        return "fixed [" + ",".join(map(str, choice["branching"])) + "]"
+        return f"fixed {shape_name(choice['branching'])}"
     return f"conf n={choice['budget']}"
 
 
@@ -715,7 +724,7 @@ def write_plots(report: dict, directory, curve=None) -> List[str]:
                 ax.plot(*zip(*pts), style, label=label)
         for r in rows:
             if r["kind"] == "fixed" and r.get(metric) is not None:
-                ax.annotate(str(r["branching"]), (r["budget"], r[metric]), fontsize=7)
+                ax.annotate(shape_name(r["branching"]), (r["budget"], r[metric]), fontsize=7)
             if r["kind"] == "auto" and r.get(metric) is not None:
                 ax.plot([r["budget"]], [r[metric]], "*", markersize=14, label=r["name"])
         classic = next((r for r in rows if r["kind"] == "classic"), None)
@@ -829,7 +838,7 @@ def cmd_bench(args) -> int:
 
         t0 = time.perf_counter()
         choice = auto.choose(target, draft, auto_prompts, tokenizer=tokenizer,
-                             max_block=max(args.blocks),
+                             max_block=max(args.blocks), trees=args.trees,
                              width=args.width, allow_inexact=args.allow_inexact,
                              eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s))
         say(f"auto ({time.perf_counter() - t0:.1f}s calibration): {describe_choice(choice)}: "
@@ -881,7 +890,8 @@ def add_parser(sub):
                    help="chain blocks (and confidence budgets block-1): LO..HI or a list")
     p.add_argument("--trees", type=parse_trees,
                    default=[tuple(t) for t in FIXED_TREES],
-                   help="fixed topologies as branching lists, e.g. '2,1,1 2,2,1' ('' for none)")
+                   help="fixed topologies as branching lists or parent lists, e.g. "
+                   "--trees=\"2,1,1 -1,0,0,1,1\" ('' for none)")
     p.add_argument("--width", type=int, default=4, help="confidence tree: top-k per expansion")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's speculative decoding")
     p.add_argument("--no-auto", action="store_true", help="skip auto's calibration and row")

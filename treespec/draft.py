@@ -572,6 +572,19 @@ class ConfidenceDrafter(_TopKTree):
         return shapes
 
 
+def fixed_shape(spec: Sequence[int]) -> dict:
+    """``FixedTreeDrafter`` keywords for one fixed-shape spec: branching
+    factors (all >= 1), or a parent list, told apart by its root's -1."""
+    spec = [int(x) for x in spec]
+    return {"parents": spec} if spec and spec[0] == -1 else {"branching": spec}
+
+
+def shape_name(spec: Sequence[int]) -> str:
+    """'[2,1,1]' for branching factors, 'p[-1,0,0,1,1]' for a parent list."""
+    kind = "p" if "parents" in fixed_shape(spec) else ""
+    return f"{kind}[" + ",".join(str(int(x)) for x in spec) + "]"
+
+
 def make_drafter(mode: str, block: int = 4, branching=None, parents=None,
                  budget: Optional[int] = None, width: int = 4) -> Drafter:
     if mode == "chain":

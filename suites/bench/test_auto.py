@@ -261,6 +261,11 @@ def test_decode_kwargs_of_each_kind():
         "mode": "tree", "budget": 5, "width": 3}
     assert Candidate("fixed", branching=(2, 2, 1)).decode_kwargs() == {
         "mode": "tree", "branching": [2, 2, 1]}
+    spine = Candidate("fixed", branching=(-1, 0, 0, 1, 1))
+    assert spine.name == "fixed p[-1,0,0,1,1]"
+    assert spine.decode_kwargs() == {"mode": "tree", "parents": [-1, 0, 0, 1, 1]}
+    assert decode_kwargs({"mode": "tree", "budget": 4, "branching": [-1, 0, 0, 1, 1]}) == {
+        "mode": "tree", "budget": 4, "parents": [-1, 0, 0, 1, 1]}
     assert Candidate("classic").decode_kwargs() == {"mode": "classic"}
     choice = {"mode": "tree", "block": None, "budget": 4, "branching": None, "width": 4,
               "reason": "..."}

@@ -38,6 +38,15 @@ def test_trees_parse_branching_lists():
         B.parse_trees("2,0")
 
 
+def test_trees_parse_parent_lists_told_apart_by_the_roots_minus_one():
+    assert B.parse_trees("2,1 -1,0,0,1,1") == [(2, 1), (-1, 0, 0, 1, 1)]
+    args = build_parser().parse_args(["bench", "--trees=-1,0,0,1,1,3,3 2,1,1"])
+    assert args.trees == [(-1, 0, 0, 1, 1, 3, 3), (2, 1, 1)]
+    for bad in ("-1,0,5", "-1,-1", "-1,0,x"):  # a forward parent, a second root, not a number
+        with pytest.raises(Exception, match="--trees"):
+            B.parse_trees(bad)
+
+
 def test_the_bench_command_and_its_defaults():
     args = build_parser().parse_args(["bench"])
     assert args.func is B.cmd_bench
@@ -62,6 +71,9 @@ def test_configurations_cover_every_mode_at_matching_budgets():
     assert by["chain b=4"].decode_kwargs() == {"mode": "chain", "block": 4}
     assert by["conf n=3"].decode_kwargs() == {"mode": "tree", "budget": 3, "width": 4}
     assert by["fixed [2,2,1]"].decode_kwargs() == {"mode": "tree", "branching": [2, 2, 1]}
+    spine = B.build_configs([2], [(-1, 0, 0, 1, 1)], mlx_lm=False)[2]
+    assert spine.name == "fixed p[-1,0,0,1,1]" and spine.budget == 4
+    assert spine.decode_kwargs() == {"mode": "tree", "parents": [-1, 0, 0, 1, 1]}
     # mlx-lm's chain verify is probed with the chain shapes of its block
     assert by["mlx-lm b=4"].probe_shapes() == by["chain b=4"].probe_shapes()
     assert not by["classic"].speculative and by["classic"].probe_shapes() is None
@@ -258,12 +270,13 @@ def pair():
 @pytest.mark.slow
 def test_a_small_bench_on_the_trained_pair_passes_every_check(pair):
     target, draft, tok = pair
-    configs = B.build_configs([3], [(2, 1)])
+    configs = B.build_configs([3], [(2, 1), (-1, 0, 0, 1, 1)])
     prompts = [tok.encode(B.PROMPTS[0])]
     report = B.bench(target, draft, prompts, configs, max_tokens=10, repeats=1,
                      eos=list(tok.eos_token_ids), warmup_tokens=2)
     rows = {r["name"]: r for r in report["rows"]}
-    assert set(rows) == {"classic", "chain b=3", "fixed [2,1]", "conf n=2", "mlx-lm b=3"}
+    assert set(rows) == {"classic", "chain b=3", "fixed [2,1]", "fixed p[-1,0,0,1,1]", "conf n=2",
+                         "mlx-lm b=3"}
     for name, r in rows.items():
         assert r["exact"], (name, r["reason"])
         assert r["tokens"] == 10 and r["decode_tok_s"] > r["tok_s"] > 0
