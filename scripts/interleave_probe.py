@@ -3,10 +3,13 @@ configurations (classic, chain b=5, fixed [2,1,1,1], mlx-lm b=5), 64
 tokens: once round-robin over two prompts, once back-to-back on one, after
 one untimed pass of each. Prints the median ms per token of each.
 
-    python scripts/interleave_probe.py [--dims 2048x16] [--alpha 0.02]
+    python scripts/interleave_probe.py [--dims 2048x16] [--alpha 0.02] [--after-gate]
 
 Written for the H200, where ``treespec bench`` timed speculative rows 2-10x
-slower than these loops do (README, "On the H200").
+slower than these loops do (README, "On the H200"). ``--after-gate`` bisects
+that: the interleaved timing again after the bench's exactness probes (its
+``SharedProbe`` over the probe shapes of chains 3,5,7 and fixed trees), and
+once more after ``mx.clear_cache()``, with the allocator's cache size each time.
 """
 
 import argparse
@@ -17,8 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import mlx.core as mx  # noqa: E402
+
 from treespec import scaled  # noqa: E402
-from treespec.bench import _mlx_lm_run  # noqa: E402
+from treespec.bench import SharedProbe, _mlx_lm_run, build_configs  # noqa: E402
 from treespec.costcurve import parse_dims  # noqa: E402
 from treespec.decode import decode  # noqa: E402
 
@@ -32,6 +37,8 @@ def main():
     ap.add_argument("--alpha", type=float, default=0.02)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--after-gate", action="store_true",
+                    help="time again after the bench's gate probes, then after mx.clear_cache()")
     args = ap.parse_args()
     target, draft = scaled.build_pair(*args.dims, 2, args.alpha)
     prompts, mt = scaled.default_prompts(2), args.max_tokens
@@ -48,14 +55,28 @@ def main():
     for _, kw in CONFIGS:
         for p in prompts:
             ms_per_token(kw, p)
-    got = {name: [] for name, _ in CONFIGS}
-    for _ in range(args.repeats):
-        for name, kw in CONFIGS:
-            got[name] += [ms_per_token(kw, p) for p in prompts]
-    print("interleaved, ms/token:", {n: round(statistics.median(v), 2) for n, v in got.items()})
+    def interleaved(label):
+        got = {name: [] for name, _ in CONFIGS}
+        for _ in range(args.repeats):
+            for name, kw in CONFIGS:
+                got[name] += [ms_per_token(kw, p) for p in prompts]
+        print(f"{label}, ms/token:", {n: round(statistics.median(v), 2) for n, v in got.items()},
+              f"(allocator cache {mx.get_cache_memory() / 1e6:.0f} MB)", flush=True)
+
+    interleaved("interleaved")
     got = {name: [ms_per_token(kw, prompts[0]) for _ in range(args.repeats)]
            for name, kw in CONFIGS}
     print("back-to-back, ms/token:", {n: round(statistics.median(v), 2) for n, v in got.items()})
+    if args.after_gate:
+        probe = SharedProbe()
+        t0 = time.perf_counter()
+        for c in build_configs([3, 5, 7], [(2, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1)]):
+            if c.speculative:
+                probe(target, c.probe_shapes(), allow_inexact=True)
+        print(f"gate probes: {time.perf_counter() - t0:.1f} s", flush=True)
+        interleaved("interleaved after the gate probes")
+        mx.clear_cache()
+        interleaved("interleaved after mx.clear_cache()")
 
 
 if __name__ == "__main__":
