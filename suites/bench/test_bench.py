@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from treespec import bench as B
+from treespec import bench_report as R
 from treespec.cli import build_parser, default_pair, load_default_pair
 from treespec.gate import Decision
 
@@ -139,7 +140,7 @@ def test_a_failing_probe_prints_no_figure_only_its_reason(staged):
     row = next(r for r in staged["rows"] if r["name"] == "fixed [9]")
     assert row["exact"] is False and row["reason"].startswith("probe: declined")
     assert "tok_s" not in row
-    line = next(ln for ln in B.format_table(staged).splitlines() if ln.startswith("fixed [9]"))
+    line = next(ln for ln in R.format_table(staged).splitlines() if ln.startswith("fixed [9]"))
     assert "GATED" in line and "staged" in line and "probe+text" not in line
 
 
@@ -149,7 +150,7 @@ def test_a_text_diff_against_classic_prints_no_figure_only_where_it_differs(stag
     assert row["reason"] == ("text: tokens differ from classic on prompt 0 at token 2 "
                              "(got 99, classic 7; repeat 0)")
     assert "tok_s" not in row
-    line = next(ln for ln in B.format_table(staged).splitlines() if ln.startswith("conf n=2"))
+    line = next(ln for ln in R.format_table(staged).splitlines() if ln.startswith("conf n=2"))
     assert "GATED" in line and "token 2" in line
 
 
@@ -157,9 +158,9 @@ def test_a_passing_configuration_says_which_checks_stand_behind_its_figure(stage
     row = next(r for r in staged["rows"] if r["name"] == "chain b=3")
     assert row["exact"] and row["checks"] == "probe+text" and row["tok_s"] > 0
     assert len(row["tok_s_all"]) == 3
-    line = next(ln for ln in B.format_table(staged).splitlines() if ln.startswith("chain b=3"))
+    line = next(ln for ln in R.format_table(staged).splitlines() if ln.startswith("chain b=3"))
     assert "probe+text" in line
-    classic = next(ln for ln in B.format_table(staged).splitlines() if ln.startswith("classic"))
+    classic = next(ln for ln in R.format_table(staged).splitlines() if ln.startswith("classic"))
     assert "reference" in classic
 
 
@@ -193,7 +194,7 @@ def test_allow_inexact_times_past_a_failed_check_and_labels_the_figure():
     assert "token 2" in rows["conf n=2"]["text_diff"]
     assert rows["fixed [9]"]["checks"] == "INEXACT:p" and rows["fixed [9]"]["tok_s"] > 0
     assert rows["chain b=3"]["checks"] == "probe+text"
-    text = B.format_report(report)
+    text = R.format_report(report)
     for name in ("conf n=2", "fixed [9]"):
         line = next(ln for ln in text.splitlines() if ln.startswith(name))
         assert "INEXACT" in line and "probe+text" not in line
@@ -220,7 +221,7 @@ def test_chain_vs_mlx_lm_is_matched_by_block():
             {"kind": "mlx-lm", "block": 3, "tok_s": 1.0, "decode_tok_s": 100.0,
              "decode_all": [100.0, 100.0], "cpu_all": [9.0, 9.0]},
             {"kind": "chain", "block": 4, "tok_s": 1.0, "decode_tok_s": 90.0, "decode_all": [90.0]}]
-    assert B.chain_vs_mlx_lm({"rows": rows}) == [
+    assert R.chain_vs_mlx_lm({"rows": rows}) == [
         (3, 90.0, 100.0, pytest.approx(0.85), pytest.approx(0.9))]
 
 
@@ -228,7 +229,7 @@ def test_plots_are_written(tmp_path, staged):
     pytest.importorskip("matplotlib")
     curve = [{"T": 1, "median_ms": 1.0, "ratio_to_T1": 1.0},
              {"T": 2, "median_ms": 1.5, "ratio_to_T1": 1.5}]
-    written = B.write_plots(staged, tmp_path / "plots", curve)
+    written = R.write_plots(staged, tmp_path / "plots", curve)
     assert sorted(Path(p).name for p in written) == [
         "emitted_per_verify_vs_budget.png", "tok_s_vs_budget.png", "verify_cost_vs_T.png"]
     assert all(Path(p).stat().st_size > 1000 for p in written)

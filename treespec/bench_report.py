@@ -1,0 +1,223 @@
+"""`treespec bench`'s report: the machine it ran on, the table, the treespec-vs-mlx-lm
+comparison, the verify cost curve and the PNGs. Everything here reads the report dict
+``treespec.bench.bench`` returns; nothing runs a model."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+from typing import List
+
+from .draft import shape_name
+
+EXACT = "probe+text"
+
+
+def machine_info() -> dict:
+    import mlx.core as mx
+
+    info = {"mlx": mx.__version__, "device": str(mx.default_device()),
+            "python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        import mlx_lm
+
+        info["mlx_lm"] = getattr(mlx_lm, "__version__", "?")
+    except ImportError:
+        pass
+    try:
+        from .blas import describe, detect
+
+        b = detect()
+        info["blas"], info["blas_key"] = describe(b), b.key()
+    except Exception as e:  # detection must never stop a bench
+        info["blas"] = f"BLAS: unknown ({type(e).__name__}: {e})"
+    # A copied working tree (a device's) may carry a stale .git: the runner
+    # names the commit it copied.
+    info["git"] = (os.environ.get("TREESPEC_COMMIT")
+                   or _git_commit(Path(__file__).resolve().parent.parent))
+    try:
+        info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return info
+
+
+def _git_commit(root: Path) -> str:
+    """The checkout's short commit, '+dirty' with uncommitted tracked changes,
+    or 'unknown' (no git, not a checkout)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def _f(v, fmt="{:.2f}", none="-"):
+    return none if v is None else fmt.format(v)
+
+
+def format_table(report: dict) -> str:
+    head = (f"{'config':<26} {'exact':<11} {'accept':>6} {'emit/v':>6} {'nodes':>5} "
+            f"{'draft':>6} {'verify':>6} {'walk':>5} {'commit':>6} {'round':>6} "
+            f"{'tok/s':>7} {'decode':>7} {'x clas':>6} {'x chain':>7} {'cpu/tok':>7}")
+    lines = [head, f"{'':<26} {'':<11} {'':>6} {'':>6} {'':>5} "
+             f"{'-- ms per verify round (median) --':^34} {'e2e':>7} {'tok/s':>7} {'':>6} "
+             f"{'':>7} {'ms':>7}"]
+    for r in report["rows"]:
+        name = r["name"] if len(r["name"]) <= 26 else r["name"][:23] + "..."
+        if not r["exact"]:
+            lines.append(f"{name:<26} GATED      {r['reason']}")
+            continue
+        if r.get("tok_s") is None:
+            lines.append(f"{name:<26} {'-':<11} no runs")
+            continue
+        ms = r.get("ms_per_round") or {}
+        checks = f"exact: {r['checks']}" if r["checks"] == EXACT else r["checks"]
+        if r.get("ms_per_token") is not None:  # classic: one "round" per token
+            ms = {"verify": r["ms_per_token"], "round": r["ms_per_token"]}
+        lines.append(
+            f"{name:<26} {checks:<11} {_f(r.get('acceptance'), '{:.3f}'):>6} "
+            f"{_f(r.get('emitted_per_verify') or (1.0 if r['kind'] == 'classic' else None)):>6} "
+            f"{_f(r.get('mean_nodes') or (1.0 if r['kind'] == 'classic' else None), '{:.1f}'):>5} "
+            f"{_f(ms.get('draft')):>6} {_f(ms.get('verify')):>6} {_f(ms.get('walk')):>5} "
+            f"{_f(ms.get('commit')):>6} {_f(ms.get('round')):>6} {r['tok_s']:>7.1f} "
+            f"{r['decode_tok_s']:>7.1f} "
+            f"{_f(r.get('x_classic')):>6} {_f(r.get('x_best_chain')):>7} "
+            f"{_f(r.get('cpu_ms_per_token')):>7}")
+    return "\n".join(lines).replace("exact: probe+text", "probe+text ")
+
+
+def format_report(report: dict) -> str:
+    out = [format_table(report)]
+    out.append("exact column: 'probe+text' = the exactness probe passed and every run's tokens "
+               "equal classic's on every prompt, in this run (contract 10).")
+    inexact = [r for r in report["rows"] if str(r.get("checks", "")).startswith("INEXACT")]
+    if inexact:
+        out.append("INEXACT (--allow-inexact): timed past a failed check, not an exact figure; "
+                   "p = the probe found logits differing from single-token steps, t = the text "
+                   "differed from classic's (first: "
+                   + next((r["text_diff"] for r in inexact if r.get("text_diff")), "none") + ").")
+    pf = report.get("prefill_ms") or []
+    pf_txt = ", ".join(f"{p['target']:.0f}+{p['draft']:.0f}" for p in pf)
+    out.append("tok/s: end to end (prefill included), median over repeats. decode tok/s: the same "
+               "runs less the prefill of each prompt, measured apart (target ms + draft ms: "
+               f"{pf_txt}; the draft's only for speculative rows). x clas / x chain: medians of "
+               "per-repeat decode tok/s ratios to classic / to the best chain "
+               f"({report.get('best_chain')}). round: wall ms per verify round, prefill included. "
+               "mlx-lm rows: no split. cpu/tok: process CPU ms per token (median), less at the "
+               "mercy of other processes than tok/s.")
+    cmp = chain_vs_mlx_lm(report)
+    if cmp:
+        out.append("\ntreespec chain vs mlx-lm at the same block (decode tok/s; medians of per-repeat "
+                   "ratios; cpu ratio = mlx-lm CPU ms/token over treespec's, > 1 when treespec is "
+                   "cheaper):")
+        for b, ours, theirs, ratio, cpu_ratio in cmp:
+            flag = "" if ratio >= 0.97 else "   <- treespec slower (wall)"
+            out.append(f"  b={b}: treespec {ours:7.1f} tok/s  mlx-lm {theirs:7.1f} tok/s  "
+                       f"ratio {ratio:.2f}  cpu ratio {_f(cpu_ratio)}{flag}")
+    return "\n".join(out)
+
+
+def chain_vs_mlx_lm(report: dict):
+    by = {(r["kind"], r["block"]): r for r in report["rows"]}
+    out = []
+    for (kind, b), r in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        if kind != "chain" or not r.get("tok_s"):
+            continue
+        m = by.get(("mlx-lm", b))
+        if m and m.get("tok_s"):
+            ratio = statistics.median(a / c for a, c in zip(r["decode_all"], m["decode_all"]))
+            cpu = None
+            if r.get("cpu_all") and m.get("cpu_all"):
+                cpu = statistics.median(c / a for a, c in zip(r["cpu_all"], m["cpu_all"]))
+            out.append((b, r["decode_tok_s"], m["decode_tok_s"], ratio, cpu))
+    return out
+
+
+def format_curve(rows: List[dict], label: str) -> str:
+    lines = [f"verify cost curve ({label}): one target forward over T tokens, context 64, "
+             f"median and min of 7",
+             f"{'T':>4} {'median ms':>10} {'x T=1':>7} {'min ms':>8} {'x T=1':>7}"]
+    m1 = rows[0].get("min_ms") or 1.0
+    for r in rows:
+        mn = r.get("min_ms")
+        lines.append(f"{r['T']:>4} {r['median_ms']:>10.2f} {r['ratio_to_T1']:>7.2f} "
+                     f"{_f(mn):>8} {_f(mn / m1 if mn else None):>7}")
+    return "\n".join(lines)
+
+
+def write_plots(report: dict, directory, curve=None) -> List[str]:
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib, which is not installed: "
+                           "pip install matplotlib (or the project's 'plot' extra)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    written = []
+    rows = [r for r in report["rows"] if r.get("tok_s")]
+    series = {"chain": ("treespec chain", "o-"), "confidence": ("confidence tree", "s-"),
+              "mlx-lm": ("mlx-lm chain", "^--"), "fixed": ("fixed tree", "D")}
+    m = report.get("machine", {})
+    title = (f"{m.get('blas_key', '?')}, mlx {m.get('mlx', '?')}, git {m.get('git', '?')}; "
+             f"{report.get('prompts')} prompts x {report.get('max_tokens')} tokens, "
+             f"median of {report.get('repeats')}")
+    for metric, ylabel, fname in (("decode_tok_s", "decode tokens / s (median; prefill excluded)",
+                                   "tok_s_vs_budget.png"),
+                                  ("emitted_per_verify", "emitted per verify",
+                                   "emitted_per_verify_vs_budget.png")):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for kind, (label, style) in series.items():
+            pts = sorted((r["budget"], r[metric]) for r in rows
+                         if r["kind"] == kind and r.get(metric) is not None)
+            if pts:
+                ax.plot(*zip(*pts), style, label=label)
+        for r in rows:
+            if r["kind"] == "fixed" and r.get(metric) is not None:
+                ax.annotate(shape_name(r["branching"]), (r["budget"], r[metric]), fontsize=7)
+            if r["kind"] == "auto" and r.get(metric) is not None:
+                ax.plot([r["budget"]], [r[metric]], "*", markersize=14, label=r["name"])
+        classic = next((r for r in rows if r["kind"] == "classic"), None)
+        if classic and metric == "decode_tok_s":
+            ax.axhline(classic["decode_tok_s"], color="gray", ls=":", label="classic")
+        ax.set_xlabel("draft nodes per verify (node budget; chain block - 1)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(d / fname, dpi=110)
+        plt.close(fig)
+        written.append(str(d / fname))
+    if curve:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ts = [r["T"] for r in curve]
+        ax.plot(ts, [r["median_ms"] for r in curve], "o-", label="median")
+        if all("min_ms" in r for r in curve):
+            ax.plot(ts, [r["min_ms"] for r in curve], ".--", alpha=0.6, label="min")
+        c1 = curve[0]["median_ms"]
+        top = max(r["median_ms"] for r in curve)
+        ax.plot(ts, [c1 * t for t in ts], ":", color="gray", label="T x cost(1) (linear)")
+        ax.set_ylim(0, top * 1.3)
+        ax.set_xlabel("T (tokens in one target forward)")
+        ax.set_ylabel("ms")
+        ax.set_title(f"one target forward over T tokens, context 64; "
+                     f"{m.get('blas_key', '?')}, mlx {m.get('mlx', '?')}", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(d / "verify_cost_vs_T.png", dpi=110)
+        plt.close(fig)
+        written.append(str(d / "verify_cost_vs_T.png"))
+    return written
