@@ -102,16 +102,19 @@ def test_top_ids_are_the_largest_values_largest_first(k):
     assert np.array(top_ids(mx.array(x), k)).tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("shape", [dict(branching=[3, 2, 1]), dict(parents=[-1, 0, 0, 1, 1, 3, 3])],
+                         ids=["3x2x1", "spine"])
 @pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
-def test_each_nodes_children_are_the_drafts_best_tokens_best_first(on_device):
+def test_each_nodes_children_are_the_drafts_best_tokens_best_first(on_device, shape):
     """Against the draft model itself: a plain forward over the prompt and
-    the node's path, ranked by numpy."""
+    the node's path, ranked by numpy. (A spine feeds one node per level: its
+    levels continue the draft cache as plain forwards.)"""
     import mlx.core as mx
     import numpy as np
 
     model = support.model("llama")
     prompt = list(support.tokens(8, seed=4))
-    drafter = FixedTreeDrafter(branching=[3, 2, 1])
+    drafter = FixedTreeDrafter(**shape)
     drafter.on_device = on_device
     drafter.start(model, prompt[:-1])
     rnd = drafter.draft(prompt[-1])

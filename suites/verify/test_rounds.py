@@ -52,22 +52,27 @@ def test_after_commit_decoding_continues_as_if_only_the_path_was_fed(family, his
         assert mx.array_equal(plain_rows(model, cache, [t]), plain_rows(model, ref, [t]))
 
 
+@pytest.mark.parametrize("shape", ["bushy", "linear"])
 @pytest.mark.parametrize(
     "family, kv_bits", [("llama", None), ("qwen3", None), ("qwen3", 8)],
     ids=["llama", "qwen3", "qwen3-kv8"],
 )
-def test_a_tree_fed_in_parts_verifies_as_if_fed_whole(family, kv_bits):
+def test_a_tree_fed_in_parts_verifies_as_if_fed_whole(family, kv_bits, shape):
     """A drafter grows its tree level by level: verify(tree, start=s) feeds
     nodes s.. on top of nodes 0..s-1 already in the cache. Every row is still
-    the node's root-path forward."""
+    the node's root-path forward. A linear tree (a spine's fed nodes) goes
+    through as a plain forward."""
     model = support.model(family)
     adapter = adapter_for(model)
-    tree = support.branching_trees(family)["bushy"]
+    if shape == "bushy":
+        tree, stops = support.branching_trees(family)["bushy"], (1, 3, 7)  # its level boundaries
+    else:
+        tree, stops = DraftTree.linear(support.tokens(6, 4)), (1, 2, 4)
     hist = History(support.tokens(6, 3), (), kv_bits)
     cache = hist.replay(model)
     before = clone(cache)
     rows, start = [], 0
-    for stop in (1, 3, 7, len(tree)):  # level boundaries of "bushy"
+    for stop in stops + (len(tree),):
         part = DraftTree(tree.tokens[:stop], tree.parents[:stop])
         rows.append(adapter.verify(part, cache, start=start))
         start = stop
