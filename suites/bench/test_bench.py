@@ -201,6 +201,24 @@ def test_allow_inexact_times_past_a_failed_check_and_labels_the_figure():
     assert "not an exact figure" in text
 
 
+def auto_report(decode_tok_s, predicted_tok_s):
+    row = {"name": "auto (chain b=7)", "kind": "auto", "decode_tok_s": decode_tok_s,
+           "choice": {"mode": "chain", "block": 7, "predicted": [
+               {"name": "chain b=5", "tok_s": 10 * predicted_tok_s},
+               {"name": "chain b=7", "tok_s": predicted_tok_s}]}}
+    return {"rows": [row]}
+
+
+def test_an_auto_row_far_under_its_calibrated_prediction_is_flagged():
+    # The H200 run at af03c15: auto predicted chain b=7 at 548 tok/s, its row ran 168.3.
+    warning = R.calibration_check(auto_report(168.3, 548.0))
+    assert "0.31x" in warning and "chain b=7 (548.0)" in warning
+    # This CPU at ca285ec: predicted 241, ran 260.2: no warning.
+    assert R.calibration_check(auto_report(260.2, 241.0)) == ""
+    assert R.calibration_check(auto_report(0.69 * 100, 100.0)) != ""
+    assert R.calibration_check(auto_report(0.71 * 100, 100.0)) == ""
+
+
 def test_max_seconds_stops_between_repeats_and_says_how_many_ran():
     report = B.bench(None, None, [[0], [1]], staged_configs(), max_tokens=4, repeats=3,
                      decide=staged_decide, max_seconds=0)
