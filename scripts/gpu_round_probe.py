@@ -18,7 +18,6 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache  # noqa: E4
 
 from treespec import scaled  # noqa: E402
 from treespec.bench import _mlx_lm_run  # noqa: E402
-from treespec.costcurve import parse_dims  # noqa: E402
 from treespec.decode import decode  # noqa: E402
 
 
@@ -51,8 +50,7 @@ def parse_config(text):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dims", type=parse_dims, default=(2048, 16))
-    ap.add_argument("--alpha", type=float, default=0.02)
+    scaled.add_pair_arguments(ap)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--configs", default="classic chain:2 chain:3 chain:5 tree:2,1,1",
@@ -61,7 +59,7 @@ def main():
     ap.add_argument("--steps", action="store_true", help="time bare draft/verify steps first")
     ap.add_argument("--dtype", default="bfloat16", help="bfloat16, or float32 to check texts")
     args = ap.parse_args()
-    target, draft = scaled.build_pair(*args.dims, 2, args.alpha, args.dtype)
+    target, draft = scaled.pair_from_arguments(args, args.dtype)
     if args.steps:
         for name, m in (("target", target), ("draft", draft)):
             print(name, " ".join(f"T={T}:{step_ms(m, T):.2f}ms" for T in (1, 2, 4, 8)), flush=True)

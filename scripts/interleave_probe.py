@@ -24,7 +24,6 @@ import mlx.core as mx  # noqa: E402
 
 from treespec import scaled  # noqa: E402
 from treespec.bench import SharedProbe, _mlx_lm_run, build_configs  # noqa: E402
-from treespec.costcurve import parse_dims  # noqa: E402
 from treespec.decode import decode  # noqa: E402
 
 CONFIGS = [("classic", dict(mode="classic")), ("chain b=5", dict(mode="chain", block=5)),
@@ -33,14 +32,13 @@ CONFIGS = [("classic", dict(mode="classic")), ("chain b=5", dict(mode="chain", b
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dims", type=parse_dims, default=(2048, 16))
-    ap.add_argument("--alpha", type=float, default=0.02)
+    scaled.add_pair_arguments(ap)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--after-gate", action="store_true",
                     help="time again after the bench's gate probes, then after mx.clear_cache()")
     args = ap.parse_args()
-    target, draft = scaled.build_pair(*args.dims, 2, args.alpha)
+    target, draft = scaled.pair_from_arguments(args)
     prompts, mt = scaled.default_prompts(2), args.max_tokens
 
     def ms_per_token(kw, prompt):

@@ -26,7 +26,6 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache  # noqa: E402
 
 from treespec import scaled  # noqa: E402
-from treespec.costcurve import parse_dims  # noqa: E402
 from treespec.draft import make_drafter  # noqa: E402
 from treespec.tree import DraftTree  # noqa: E402
 from treespec.verify.adapter import adapter_for  # noqa: E402
@@ -47,10 +46,9 @@ def median_ms(fn, n=30, warmup=5):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dims", type=parse_dims, default=(2048, 16))
-    ap.add_argument("--alpha", type=float, default=0.02)
+    scaled.add_pair_arguments(ap)
     args = ap.parse_args()
-    target, draft = scaled.build_pair(*args.dims, 2, args.alpha)
+    target, draft = scaled.pair_from_arguments(args)
     adapter = adapter_for(target)
     cache = make_prompt_cache(target)
     target(mx.arange(64)[None], cache=cache)

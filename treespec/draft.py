@@ -409,8 +409,9 @@ class FixedTreeDrafter(_TopKTree):
     def _draft_on_device(self, root: int, shape: List[int]) -> DeviceRound:
         """The same tree as ``_grow``, with no host round trip per level: each
         level's tokens are gathered from its parents' device top-k, and the
-        level's internal nodes are fed (tree-injected, continuing the cache)
-        on those lazy tokens. Caches that must be restored to grow a tree in
+        level's internal nodes are fed (continuing the cache: tree-injected,
+        or a plain forward while they form a chain, as a spine's do) on those
+        lazy tokens. Caches that must be restored to grow a tree in
         parts (sliding window, recurrent) take the host path."""
         first, self.pending = self.pending + [root], []
         offset = cache_offset(self.cache) + len(first) - 1

@@ -135,6 +135,19 @@ def _place(x, rows: list, start: int, tail: _Tail, owned: bool = True):
     return type(x)(arrays) if isinstance(x, (tuple, list)) else arrays[0]
 
 
+def _move_keys_values(c, start: int, tail: _Tail, owned: bool = True):
+    """``(reads, place)`` for the keys and values of an attention cache:
+    the rows to move, lazy, and ``place()`` -> the (keys, values) with the
+    path's rows at ``start ..``."""
+    rows = _gather(c.keys, start, tail), _gather(c.values, start, tail)
+
+    def place():
+        return (_place(c.keys, rows[0], start, tail, owned),
+                _place(c.values, rows[1], start, tail, owned))
+
+    return rows[0] + rows[1], place
+
+
 # -- snapshots --------------------------------------------------------------
 
 
@@ -293,15 +306,14 @@ def _plan_appending(c, where, tail, entry, recurrent, start_position=0):
     start = tail.offset - start_position
 
     def prepare():
-        rows = _gather(c.keys, start, tail), _gather(c.values, start, tail)
+        reads, place = _move_keys_values(c, start, tail)
 
         def write():
-            c.keys = _place(c.keys, rows[0], start, tail)
-            c.values = _place(c.values, rows[1], start, tail)
+            c.keys, c.values = place()
             c.offset = tail.offset + tail.k
             return [c.keys, c.values]
 
-        return rows[0] + rows[1], write
+        return reads, write
 
     return prepare
 
@@ -344,17 +356,17 @@ def _plan_concatenate(c, where, tail, entry, recurrent):
         _refuse(c, where, f"{c.keys.shape[2]} rows stored but offset {c.offset}")
 
     def prepare():
-        rows = _gather(c.keys, tail.offset, tail), _gather(c.values, tail.offset, tail)
+        # An empty cache stored the caller's arrays as they are: not ours to write.
+        reads, place = _move_keys_values(c, tail.offset, tail, owned=tail.offset > 0)
 
         def write():
-            end, owned = tail.offset + tail.k, tail.offset > 0
-            keys = _place(c.keys, rows[0], tail.offset, tail, owned)
-            values = _place(c.values, rows[1], tail.offset, tail, owned)
+            end = tail.offset + tail.k
+            keys, values = place()
             c.keys, c.values = keys[..., :end, :], values[..., :end, :]
             c.offset = end
             return [c.keys, c.values]
 
-        return rows[0] + rows[1], write
+        return reads, write
 
     return prepare
 
@@ -389,18 +401,17 @@ def _plan_rotating(c, where, tail, entry, recurrent):
     if tail.k >= 2:
 
         def prepare():
-            rows = _gather(c.keys, m, tail), _gather(c.values, m, tail)
+            # An empty cache stored the caller's arrays as they are: not ours to write.
+            reads, place = _move_keys_values(c, m, tail, owned=tail.offset > 0)
 
             def write():
-                # An empty cache stored the caller's arrays as they are: not ours to write.
-                end, owned = m + tail.k, tail.offset > 0
-                keys = _place(c.keys, rows[0], m, tail, owned)
-                values = _place(c.values, rows[1], m, tail, owned)
+                end = m + tail.k
+                keys, values = place()
                 c.keys, c.values = keys[..., :end, :], values[..., :end, :]
                 c._idx, c.offset = end, tail.offset + tail.k
                 return [c.keys, c.values]
 
-            return rows[0] + rows[1], write
+            return reads, write
 
         return prepare
 
