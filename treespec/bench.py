@@ -577,9 +577,10 @@ def cmd_bench(args) -> int:
     if args.prompts < 1 or args.prompts > len(PROMPTS):
         raise CliError(f"--prompts must be 1..{len(PROMPTS)}")
     machine = machine_info()
+    attention = f"; {machine['attention']}" if "attention" in machine else ""  # CUDA only
     say(f"machine: {machine['blas']}; mlx {machine['mlx']}, mlx-lm {machine.get('mlx_lm')}, "
         f"{machine['device']}, {machine['cpus']} CPUs, load {machine.get('loadavg')}; "
-        f"treespec git {machine['git']}")
+        f"treespec git {machine['git']}{attention}")
     auto_prompts = tokenizer = None
     if args.scaled is not None:
         from . import scaled
@@ -651,7 +652,7 @@ def cmd_bench(args) -> int:
         what = "seeded token" if args.scaled else "Python"
         print(f"{len(prompts)} {what} prompts x {args.max_tokens} tokens, median of "
               f"{report['repeats']} interleaved repeats; {machine['blas']}; mlx {machine['mlx']}; "
-              f"git {machine['git']}")
+              f"git {machine['git']}{attention}")
         print(format_report(report))
         if "auto" in report:
             print(f"\nauto chose {describe_choice(report['auto'])}: {report['auto']['reason']}")

@@ -38,6 +38,10 @@ def machine_info() -> dict:
     # names the commit it copied.
     info["git"] = (os.environ.get("TREESPEC_COMMIT")
                    or _git_commit(Path(__file__).resolve().parent.parent))
+    from .cuda_env import describe as describe_attention
+
+    if attention := describe_attention():
+        info["attention"] = attention
     try:
         info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:

@@ -189,6 +189,10 @@ def build_parser():
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from .cuda_env import prefer_mlx_attention
+
+    if note := prefer_mlx_attention():  # before any forward: MLX reads it once
+        print(f"note: {note}", file=sys.stderr)
     try:
         if getattr(args, "blas", "auto") != "auto":
             from .blas import BlasUnavailable, ensure_blas

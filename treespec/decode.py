@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from .cuda_env import warn_if_cudnn_attention
 from .draft import PREFILL_STEP, Drafter, cache_offset, make_drafter, prefill
 from .verify import adapter_for
 from .walk import tree_walk
@@ -226,6 +227,8 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
            top_p: float = 0.0, min_p: float = 0.0, seed: int = 0) -> Result:
     """One entry point for every mode. ``tree`` is never chosen implicitly.
     ``temperature > 0`` samples, exactly in law (treespec.sampling)."""
+    if mode != "classic":
+        warn_if_cudnn_attention()
     if temperature > 0:
         if budget is not None:
             raise ValueError("the confidence-driven tree (budget=) drafts greedily; at "

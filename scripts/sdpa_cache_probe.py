@@ -1,0 +1,78 @@
+"""What a speculative round pays on MLX CUDA when its attention meets a kv
+length it has not met before.
+
+MLX's CUDA backend runs a multi-token attention (a verify, a drafter's
+catch-up forward) through a cuDNN graph that it builds on the host and keeps
+in an LRU cache keyed by the exact q/k/v shapes and strides, so by the kv
+length: 256 entries unless ``MLX_CUDA_SDPA_CACHE_SIZE`` says otherwise
+(``MLX_CUDA_USE_CUDNN_SDPA=0`` turns the path off). Single-token decoding is
+keyed by the cache's allocated length and hits. Every configuration here is
+run once on a short prompt (kernels compiled), then on prompts whose lengths
+put every round at kv lengths no earlier run reached ("cold"), then on those
+prompts again ("warm": the bench's situation, where the same greedy runs
+repeat the same lengths). Run it once per setting of those variables:
+
+    python scripts/sdpa_cache_probe.py
+    MLX_CUDA_SDPA_CACHE_SIZE=65536 python scripts/sdpa_cache_probe.py
+    MLX_CUDA_USE_CUDNN_SDPA=0 python scripts/sdpa_cache_probe.py
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_round_probe import parse_config  # noqa: E402
+
+from treespec import scaled  # noqa: E402
+from treespec.bench import _mlx_lm_run  # noqa: E402
+from treespec.decode import decode  # noqa: E402
+
+ENV = ("MLX_CUDA_SDPA_CACHE_SIZE", "MLX_CUDA_USE_CUDNN_SDPA", "MLX_USE_CUDA_GRAPHS")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    scaled.add_pair_arguments(ap)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--configs", default="classic chain:5 chain:7 tree:2,1,1,1 mlx-lm:5",
+                    help="classic, chain:B, tree:B1,B2,.., parents:-1,0,.., mlx-lm:B")
+    # Offsets of a 64-token run on these lengths never overlap another's.
+    ap.add_argument("--lengths", default="24 100 180 260",
+                    help="prompt lengths: the first warms up, the rest are timed")
+    args = ap.parse_args()
+    print("settings:", {k: os.environ.get(k, "default") for k in ENV}, flush=True)
+    target, draft = scaled.pair_from_arguments(args)
+    lengths = [int(x) for x in args.lengths.split()]
+    prompts = [scaled.default_prompts(1, n)[0] for n in lengths]
+    mt = args.max_tokens
+
+    def ms_per_token(kw, prompt):
+        t0 = time.perf_counter()
+        if "block" in kw and kw.get("mode") == "mlx-lm":
+            n = len(_mlx_lm_run(target, draft, prompt, mt, None, kw["block"]).tokens)
+        else:
+            n = len(decode(target, prompt, draft_model=None if kw["mode"] == "classic" else draft,
+                           max_tokens=mt, gate=False, **kw).tokens)
+        return 1e3 * (time.perf_counter() - t0) / n
+
+    for text in args.configs.split():
+        if text.startswith("mlx-lm:"):
+            name, kw = f"mlx-lm b={text[7:]}", dict(mode="mlx-lm", block=int(text[7:]))
+        else:
+            name, kw = parse_config(text)
+        ms_per_token(kw, prompts[0])
+        cold = [ms_per_token(kw, p) for p in prompts[1:]]
+        warm = [ms_per_token(kw, p) for p in prompts[1:]]
+        print(f"{name:18} ms/token cold {statistics.median(cold):7.2f}  warm "
+              f"{statistics.median(warm):7.2f}  (cold {' '.join(f'{x:.2f}' for x in cold)})",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""MLX's CUDA backend and cuDNN attention: why treespec turns it off.
+
+On CUDA, MLX runs an attention over several query tokens through a cuDNN
+graph that it builds on the host and caches (LRU, 256 entries unless
+``MLX_CUDA_SDPA_CACHE_SIZE`` says otherwise) under the exact q/k/v shapes, so
+under the kv length. A speculative round's multi-token forwards (the verify,
+the drafter's catch-up) meet a kv length no earlier round met, so every round
+builds graphs. Measured on the H200 (scaled 2048x16 pair, 64 tokens at kv
+lengths new to the process, ``scripts/sdpa_cache_probe.py``): chain b=5
+28.7 ms per token with cuDNN attention against 2.8 ms without it, mlx-lm's own
+b=5 19.5 against 2.5, classic (one query token, not affected) 3.5 against
+2.4. Repeating the same lengths hides it (warm: 2.8 ms), which is what a
+benchmark that reruns one prompt measures. ``MLX_CUDA_USE_CUDNN_SDPA=0`` sends
+those forwards to MLX's own kernels; MLX reads it once, at the first attention.
+
+treespec's command line sets it to 0 on CUDA unless the caller set it, and
+says so; the library leaves the environment alone and warns instead.
+"""
+
+import os
+import warnings
+from typing import MutableMapping, Optional
+
+CUDNN_SDPA = "MLX_CUDA_USE_CUDNN_SDPA"
+WHY = ("cuDNN attention builds a graph for every kv length a multi-token forward meets, and a "
+       "speculative round meets a new one every round (H200: chain b=5 28.7 vs 2.8 ms per token)")
+
+
+class CudnnAttentionWarning(RuntimeWarning):
+    """Speculative decoding on MLX CUDA with cuDNN attention enabled."""
+
+
+def cuda_backend() -> bool:
+    import mlx.core as mx
+
+    return bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+
+
+def cudnn_attention_on(environ: MutableMapping[str, str]) -> bool:
+    """MLX's reading of the variable: unset means on, an integer means itself."""
+    value = environ.get(CUDNN_SDPA, "").strip()
+    if not value:
+        return True
+    try:
+        return int(value) != 0
+    except ValueError:
+        return True  # MLX would refuse to start; not ours to judge here
+
+
+def prefer_mlx_attention(environ: Optional[MutableMapping[str, str]] = None,
+                         cuda: Optional[bool] = None) -> Optional[str]:
+    """For the command line, before the first forward: on CUDA, with the
+    variable unset, set it to 0. Returns what was done (None off CUDA)."""
+    environ = os.environ if environ is None else environ
+    if not (cuda_backend() if cuda is None else cuda):
+        return None
+    if CUDNN_SDPA in environ:
+        return None
+    environ[CUDNN_SDPA] = "0"
+    return f"{CUDNN_SDPA}=0 set by treespec: {WHY}"
+
+
+def describe(environ: Optional[MutableMapping[str, str]] = None,
+             cuda: Optional[bool] = None) -> Optional[str]:
+    """One line for a report on CUDA (None elsewhere)."""
+    environ = os.environ if environ is None else environ
+    if not (cuda_backend() if cuda is None else cuda):
+        return None
+    if cudnn_attention_on(environ):
+        return (f"cuDNN attention ON ({CUDNN_SDPA}={environ.get(CUDNN_SDPA, 'unset')}): "
+                f"speculative timings hold only while kv lengths repeat")
+    return f"cuDNN attention off ({CUDNN_SDPA}={environ[CUDNN_SDPA]})"
+
+
+def warn_if_cudnn_attention(environ: Optional[MutableMapping[str, str]] = None,
+                            cuda: Optional[bool] = None) -> bool:
+    """Called by speculative decoding: warns (once per call site, Python's
+    default) when cuDNN attention is on under CUDA. Returns whether it warned."""
+    environ = os.environ if environ is None else environ
+    if not (cuda_backend() if cuda is None else cuda) or not cudnn_attention_on(environ):
+        return False
+    warnings.warn(f"{WHY}; set {CUDNN_SDPA}=0 before the first forward (treespec's command "
+                  f"line does)", CudnnAttentionWarning, stacklevel=3)
+    return True
