@@ -4,8 +4,9 @@
 
 The trained pair, two Python prompts; each repeat times treespec's chain
 (decode mode "chain", gate off: the probe is not the round loop) and
-mlx-lm's speculative_generate_step back to back, and the medians of wall and
-process CPU time are printed. Both texts are checked against classic first.
+mlx-lm's speculative_generate_step back to back (the order alternates per
+repeat), and the medians of wall and process CPU time are printed. Both texts
+are checked against classic first.
 """
 
 import argparse
@@ -43,8 +44,9 @@ def main():
         if f() != ref:
             sys.exit(f"{name}'s text differs from classic: no figure")
     times = {"treespec": [], "mlx-lm": []}
-    for _ in range(args.repeats):
-        for name, f in (("treespec", ours), ("mlx-lm", theirs)):
+    for r in range(args.repeats):
+        pair = (("treespec", ours), ("mlx-lm", theirs))
+        for name, f in pair[::-1] if r % 2 else pair:  # neither always runs second
             c0, t0 = time.process_time(), time.perf_counter()
             f()
             times[name].append((time.perf_counter() - t0, time.process_time() - c0))

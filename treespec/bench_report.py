@@ -228,7 +228,11 @@ def write_plots(report: dict, directory, curve=None) -> List[str]:
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        else:  # every speculative row gated (the trained pair on the H200)
+            ax.text(0.5, 0.5, "no speculative configuration passed the gate:\nsee the table",
+                    transform=ax.transAxes, ha="center", va="center")
         fig.tight_layout()
         fig.savefig(d / fname, dpi=110)
         plt.close(fig)

@@ -8,6 +8,7 @@ real paths (treespec decode, mlx-lm's speculative decoding, the shared probe).""
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -251,6 +252,16 @@ def test_plots_are_written(tmp_path, staged):
     assert sorted(Path(p).name for p in written) == [
         "emitted_per_verify_vs_budget.png", "tok_s_vs_budget.png", "verify_cost_vs_T.png"]
     assert all(Path(p).stat().st_size > 1000 for p in written)
+
+
+def test_plots_of_a_run_where_every_speculative_row_is_gated_say_so(tmp_path):
+    pytest.importorskip("matplotlib")
+    configs = [c for c in staged_configs() if c.name in ("classic", "fixed [9]")]
+    report = B.bench(None, None, [[0]], configs, max_tokens=4, repeats=1, decide=staged_decide)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns of a legend with nothing in it
+        written = R.write_plots(report, tmp_path, None)
+    assert len(written) == 2
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys):
