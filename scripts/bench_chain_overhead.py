@@ -249,13 +249,22 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--zoo", metavar="FAMILY",
+                    help="a tiny zoo target and its drafter instead of the trained pair: "
+                         "forwards so cheap that the round loop's host cost shows")
     ap.add_argument("--parts", action="store_true",
                     help="only the per-phase microbenchmark (CPU and wall medians)")
     args = ap.parse_args(argv)
 
-    target, draft, tok = load_default_pair()
-    eos = list(tok.eos_token_ids)
-    prompts = [tok.encode(p) for p in PROMPTS[: args.prompts]]
+    if args.zoo:
+        from treespec import zoo
+
+        target, draft, eos = zoo.build(args.zoo), zoo.drafter(args.zoo, noise=0.02), []
+        prompts = [[(7 * i + j) % 50 + 1 for j in range(12)] for i in range(args.prompts)]
+    else:
+        target, draft, tok = load_default_pair()
+        eos = list(tok.eos_token_ids)
+        prompts = [tok.encode(p) for p in PROMPTS[: args.prompts]]
     b, m = args.block, args.max_tokens
     if args.parts:
         res = parts(target, draft, prompts[0], b)

@@ -599,6 +599,15 @@ def commit_path(
                 _refuse(c, (i,), "the snapshot was taken of a different cache object")
         entries = snapshot.entries
     plans = [_plan(c, (i,), tail, e, recurrent) for i, (c, e) in enumerate(zip(cache, entries))]
+    if tail.first_moved == tail.k and all(type(c) is KVCache for c in cache):
+        # An accepted prefix of the node order (every chain round) on plain
+        # KV caches: no row moves and the commit is mlx-lm's trim; the plans
+        # above did the checks. Skipping their closures and two evaluations:
+        # 16.6 -> 12.2 us per call on the 2-layer zoo llama (this CPU), and
+        # no evaluation call at all, which on CUDA may synchronize.
+        for c in cache:
+            c.offset = tail.offset + tail.k
+        return tail.k
     steps = [plan() for plan in plans]
     # Every layer's reads in one sync, before any write: while a read is
     # pending, a slice update cannot reuse its buffer and copies the whole

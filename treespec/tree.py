@@ -21,6 +21,8 @@ class TreeError(ValueError):
 
 
 def _as_token(value, node: int) -> int:
+    if type(value) is int and value >= 0:  # the common case, without the ABC checks
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
         raise TreeError(f"node {node}: token {value!r} is not an integer")
     if value < 0:
@@ -29,6 +31,8 @@ def _as_token(value, node: int) -> int:
 
 
 def _as_parent(value, node: int) -> int:
+    if type(value) is int and (value == -1 if node == 0 else 0 <= value < node):
+        return value  # the common case: every check below would pass
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
         raise TreeError(f"node {node}: parent {value!r} is not an integer")
     value = int(value)
