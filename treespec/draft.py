@@ -61,9 +61,6 @@ class DraftRound:
 
     device_tokens = None
 
-    def wait(self):
-        """Block until the drafts exist (they already do, except for a chain)."""
-
 
 class DeviceRound(DraftRound):
     """A round whose draft tokens may still be computing on the device.
@@ -82,10 +79,6 @@ class DeviceRound(DraftRound):
         self.root, self.parents, self.offset, self.logprobs = root, list(parents), offset, {}
         self.fed = list(fed)
         self._drafts, self._tree = drafts, None
-        if drafts is not None:
-            # Scheduled on its own: evaluated only inside the verify's graph,
-            # waiting for the drafts would wait for the whole verify too.
-            mx.async_eval(drafts)
         self.device_tokens = (
             None if drafts is None
             else mx.concatenate([mx.array([root], dtype=drafts.dtype), drafts])
@@ -94,10 +87,6 @@ class DeviceRound(DraftRound):
     @property
     def topology(self) -> DraftTree:
         return DraftTree([self.root] * len(self.parents), self.parents)
-
-    def wait(self):
-        if self._drafts is not None:
-            mx.eval(self._drafts)
 
     @property
     def tree(self) -> DraftTree:
