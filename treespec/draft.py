@@ -34,6 +34,7 @@ from mlx_lm.models.cache import (
 )
 
 from .gate import shapes_for
+from .rollback import commit_path
 from .tree import DraftTree
 from .verify import adapter_for
 
@@ -275,8 +276,6 @@ class Drafter:
                 break
             fed_path.append(rnd.fed[node])
         if fed_path:  # a round that fed nothing (a root-only chain) left the cache as it was
-            from .rollback import commit_path
-
             commit_path(self.cache, rnd.offset, fed_path, rnd.fed_tree)
         # Accepted nodes the draft never fed are committed text it must see.
         self.pending = [rnd.tree.tokens[n] for n in path[len(fed_path):]]

@@ -23,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
+from .. import rollback
 from ..tree import DraftTree
 from .attention import (
     ATTENTION_CACHES,
@@ -217,8 +218,7 @@ class TreeAdapter:
         owners = self.check(tree, cache, start, ropes=inject)
         offset = self.offset(cache)
         offset = None if offset is None else offset - start
-        rollback = _rollback()
-        snap = rollback.snapshot(cache) if rollback else None  # references only
+        snap = rollback.snapshot(cache)  # references only
         has_recurrent = any(isinstance(c, self.family.recurrent_caches) for c in cache)
         captures = None
         if tokens is None:
@@ -234,7 +234,7 @@ class TreeAdapter:
                 probe = stack.enter_context(
                     tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start)
                 )
-            if has_recurrent and rollback:
+            if has_recurrent:
                 # Innermost, so it records whatever mixer the strategy put in;
                 # commit replays the path's rows through the real one.
                 captures = stack.enter_context(rollback.capture_recurrent_inputs(self.model))
@@ -266,9 +266,6 @@ class TreeAdapter:
             raise ValueError("commit needs the cache list and tree of the last verify")
         if offset is not None and offset != self._last[1]:
             raise ValueError(f"offset {offset} is not the {self._last[1]} the verify started at")
-        rollback = _rollback()
-        if rollback is None:
-            raise NotImplementedError("treespec.rollback is not available")
         _, offset, _, snap, captures, injected = self._last
         if injected and captures is not None and hasattr(self.recurrent, "states_for"):
             # This verify went through the tree-aware recurrence: commit copies
@@ -280,15 +277,6 @@ class TreeAdapter:
         )
         self._last = None
         return committed
-
-
-def _rollback():
-    """treespec.rollback, imported lazily (None while it does not exist)."""
-    try:
-        from .. import rollback
-    except ImportError:
-        return None
-    return rollback
 
 
 def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None) -> TreeAdapter:
