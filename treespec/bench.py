@@ -421,7 +421,9 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     # 2. Warm-up: every configuration once over every prompt, untimed. On an
     # accelerator a run's first meeting with a shape compiles kernels: on the
     # H200 the first 48-token run of a chain was 5-10x slower than the next
-    # (scripts/gpu_round_probe.py), and a short warm-up meets too few shapes.
+    # (scripts/gpu_round_probe.py; with cuDNN attention on, which also builds
+    # a graph per kv length: treespec/cuda_env.py), and a short warm-up meets
+    # too few shapes.
     for c in live:
         for p in prompts:
             run_config(c, target, draft, p, max_tokens if warmup_tokens is None
