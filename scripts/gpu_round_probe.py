@@ -17,7 +17,7 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache  # noqa: E402
 
 from treespec import scaled  # noqa: E402
-from treespec.bench import _mlx_lm_run  # noqa: E402
+from treespec.bench import Config, _mlx_lm_run  # noqa: E402
 from treespec.decode import decode  # noqa: E402
 
 
@@ -35,16 +35,20 @@ def step_ms(model, T, context=64, n=20):
 
 
 def parse_config(text):
+    """'classic', 'chain:B', 'tree:B1,B2,..' (branching), 'parents:-1,0,..',
+    'mlx-lm:B' -> a treespec.bench.Config (its runner is bench.run_config)."""
     kind, _, arg = text.partition(":")
-    ints = [int(x) for x in arg.split(",") if x]
+    ints = tuple(int(x) for x in arg.split(",") if x)
     if kind == "classic":
-        return "classic", dict(mode="classic")
+        return Config("classic", "classic")
     if kind == "chain":
-        return f"chain b={ints[0]}", dict(mode="chain", block=ints[0])
+        return Config(f"chain b={ints[0]}", "chain", block=ints[0])
     if kind == "tree":
-        return f"fixed {arg}", dict(mode="tree", branching=ints)
+        return Config(f"fixed {arg}", "fixed", branching=ints)
     if kind == "parents":
-        return f"parents[{len(ints)}]", dict(mode="tree", parents=ints)
+        return Config(f"parents[{len(ints)}]", "fixed", branching=ints)
+    if kind == "mlx-lm":
+        return Config(f"mlx-lm b={ints[0]}", "mlx-lm", block=ints[0])
     raise SystemExit(f"unknown config {text!r}")
 
 
@@ -65,6 +69,8 @@ def main():
             print(name, " ".join(f"T={T}:{step_ms(m, T):.2f}ms" for T in (1, 2, 4, 8)), flush=True)
     p = scaled.default_prompts(1)[0]
     cfgs = [parse_config(c) for c in args.configs.split()]
+    if any(c.kind == "mlx-lm" for c in cfgs):
+        raise SystemExit("give mlx-lm's blocks with --mlx-lm: --configs runs treespec's decode")
     mt = args.max_tokens
     ref = decode(target, p, "classic", max_tokens=mt).tokens
 
@@ -73,7 +79,8 @@ def main():
         same = "text = classic" if at is None and len(tokens) == len(ref) else f"text differs at {at}"
         return f"{same} (hash {hash(tuple(tokens)) % 10**6:06d})"
 
-    for name, kw in cfgs:
+    for cfg in cfgs:
+        name, kw = cfg.name, cfg.decode_kwargs()
         for i in range(args.runs):
             t0 = time.perf_counter()
             r = decode(target, p, draft_model=draft, max_tokens=mt, gate=False, **kw)

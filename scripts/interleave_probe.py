@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx.core as mx  # noqa: E402
 
 from treespec import scaled  # noqa: E402
-from treespec.bench import SharedProbe, _mlx_lm_run, build_configs  # noqa: E402
-from treespec.decode import decode  # noqa: E402
+from treespec.bench import Config, SharedProbe, build_configs, run_config  # noqa: E402
 
-CONFIGS = [("classic", dict(mode="classic")), ("chain b=5", dict(mode="chain", block=5)),
-           ("fixed [2,1,1,1]", dict(mode="tree", branching=[2, 1, 1, 1])), ("mlx-lm b=5", None)]
+CONFIGS = [Config("classic", "classic"), Config("chain b=5", "chain", block=5),
+           Config("fixed [2,1,1,1]", "fixed", branching=(2, 1, 1, 1)),
+           Config("mlx-lm b=5", "mlx-lm", block=5)]
 
 
 def main():
@@ -41,29 +41,24 @@ def main():
     target, draft = scaled.pair_from_arguments(args)
     prompts, mt = scaled.default_prompts(2), args.max_tokens
 
-    def ms_per_token(kw, prompt):
-        t0 = time.perf_counter()
-        if kw is None:
-            _mlx_lm_run(target, draft, prompt, mt, None, 5)
-        else:
-            decode(target, prompt, draft_model=None if kw["mode"] == "classic" else draft,
-                   max_tokens=mt, gate=False, **kw)
-        return 1e3 * (time.perf_counter() - t0) / mt
+    def ms_per_token(cfg, prompt):
+        return 1e3 * run_config(cfg, target, draft, prompt, mt, None).wall_s / mt
 
-    for _, kw in CONFIGS:
+    for cfg in CONFIGS:
         for p in prompts:
-            ms_per_token(kw, p)
+            ms_per_token(cfg, p)
+
     def interleaved(label):
-        got = {name: [] for name, _ in CONFIGS}
+        got = {cfg.name: [] for cfg in CONFIGS}
         for _ in range(args.repeats):
-            for name, kw in CONFIGS:
-                got[name] += [ms_per_token(kw, p) for p in prompts]
+            for cfg in CONFIGS:
+                got[cfg.name] += [ms_per_token(cfg, p) for p in prompts]
         print(f"{label}, ms/token:", {n: round(statistics.median(v), 2) for n, v in got.items()},
               f"(allocator cache {mx.get_cache_memory() / 1e6:.0f} MB)", flush=True)
 
     interleaved("interleaved")
-    got = {name: [ms_per_token(kw, prompts[0]) for _ in range(args.repeats)]
-           for name, kw in CONFIGS}
+    got = {cfg.name: [ms_per_token(cfg, prompts[0]) for _ in range(args.repeats)]
+           for cfg in CONFIGS}
     print("back-to-back, ms/token:", {n: round(statistics.median(v), 2) for n, v in got.items()})
     if args.after_gate:
         probe = SharedProbe()

@@ -21,7 +21,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -30,8 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_round_probe import parse_config  # noqa: E402
 
 from treespec import scaled  # noqa: E402
-from treespec.bench import _mlx_lm_run  # noqa: E402
-from treespec.decode import decode  # noqa: E402
+from treespec.bench import run_config  # noqa: E402
 
 ENV = ("MLX_CUDA_SDPA_CACHE_SIZE", "MLX_CUDA_USE_CUDNN_SDPA", "MLX_USE_CUDA_GRAPHS")
 
@@ -52,24 +50,15 @@ def main():
     prompts = [scaled.default_prompts(1, n)[0] for n in lengths]
     mt = args.max_tokens
 
-    def ms_per_token(kw, prompt):
-        t0 = time.perf_counter()
-        if "block" in kw and kw.get("mode") == "mlx-lm":
-            n = len(_mlx_lm_run(target, draft, prompt, mt, None, kw["block"]).tokens)
-        else:
-            n = len(decode(target, prompt, draft_model=None if kw["mode"] == "classic" else draft,
-                           max_tokens=mt, gate=False, **kw).tokens)
-        return 1e3 * (time.perf_counter() - t0) / n
+    def ms_per_token(cfg, prompt):
+        run = run_config(cfg, target, draft, prompt, mt, None)
+        return 1e3 * run.wall_s / len(run.tokens)
 
-    for text in args.configs.split():
-        if text.startswith("mlx-lm:"):
-            name, kw = f"mlx-lm b={text[7:]}", dict(mode="mlx-lm", block=int(text[7:]))
-        else:
-            name, kw = parse_config(text)
-        ms_per_token(kw, prompts[0])
-        cold = [ms_per_token(kw, p) for p in prompts[1:]]
-        warm = [ms_per_token(kw, p) for p in prompts[1:]]
-        print(f"{name:18} ms/token cold {statistics.median(cold):7.2f}  warm "
+    for cfg in map(parse_config, args.configs.split()):
+        ms_per_token(cfg, prompts[0])
+        cold = [ms_per_token(cfg, p) for p in prompts[1:]]
+        warm = [ms_per_token(cfg, p) for p in prompts[1:]]
+        print(f"{cfg.name:18} ms/token cold {statistics.median(cold):7.2f}  warm "
               f"{statistics.median(warm):7.2f}  (cold {' '.join(f'{x:.2f}' for x in cold)})",
               flush=True)
 

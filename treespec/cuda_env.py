@@ -36,6 +36,12 @@ def cuda_backend() -> bool:
     return bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
 
 
+def _resolve(environ, cuda):
+    """The defaults of the functions below: this process's environment and backend."""
+    return (os.environ if environ is None else environ,
+            cuda_backend() if cuda is None else cuda)
+
+
 def cudnn_attention_on(environ: MutableMapping[str, str]) -> bool:
     """MLX's reading of the variable: unset means on, an integer means itself."""
     value = environ.get(CUDNN_SDPA, "").strip()
@@ -51,10 +57,8 @@ def prefer_mlx_attention(environ: Optional[MutableMapping[str, str]] = None,
                          cuda: Optional[bool] = None) -> Optional[str]:
     """For the command line, before the first forward: on CUDA, with the
     variable unset, set it to 0. Returns what was done (None off CUDA)."""
-    environ = os.environ if environ is None else environ
-    if not (cuda_backend() if cuda is None else cuda):
-        return None
-    if CUDNN_SDPA in environ:
+    environ, cuda = _resolve(environ, cuda)
+    if not cuda or CUDNN_SDPA in environ:
         return None
     environ[CUDNN_SDPA] = "0"
     return f"{CUDNN_SDPA}=0 set by treespec: {WHY}"
@@ -63,8 +67,8 @@ def prefer_mlx_attention(environ: Optional[MutableMapping[str, str]] = None,
 def describe(environ: Optional[MutableMapping[str, str]] = None,
              cuda: Optional[bool] = None) -> Optional[str]:
     """One line for a report on CUDA (None elsewhere)."""
-    environ = os.environ if environ is None else environ
-    if not (cuda_backend() if cuda is None else cuda):
+    environ, cuda = _resolve(environ, cuda)
+    if not cuda:
         return None
     if cudnn_attention_on(environ):
         return (f"cuDNN attention ON ({CUDNN_SDPA}={environ.get(CUDNN_SDPA, 'unset')}): "
@@ -76,8 +80,8 @@ def warn_if_cudnn_attention(environ: Optional[MutableMapping[str, str]] = None,
                             cuda: Optional[bool] = None) -> bool:
     """Called by speculative decoding: warns (once per call site, Python's
     default) when cuDNN attention is on under CUDA. Returns whether it warned."""
-    environ = os.environ if environ is None else environ
-    if not (cuda_backend() if cuda is None else cuda) or not cudnn_attention_on(environ):
+    environ, cuda = _resolve(environ, cuda)
+    if not cuda or not cudnn_attention_on(environ):
         return False
     warnings.warn(f"{WHY}; set {CUDNN_SDPA}=0 before the first forward (treespec's command "
                   f"line does)", CudnnAttentionWarning, stacklevel=3)
