@@ -13,13 +13,11 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from treespec.bench import PROMPTS, _mlx_lm_run  # noqa: E402
-from treespec.cli import load_default_pair  # noqa: E402
-from treespec.decode import decode  # noqa: E402
+from treespec.bench import PROMPTS, mlx_lm_run
+from treespec.checkpoints import load_default_pair
+from treespec.decode import decode
 
 
 def main():
@@ -37,7 +35,7 @@ def main():
                        gate=False).tokens for p in prompts]
 
     def theirs():
-        return [_mlx_lm_run(target, draft, p, n, None, b).tokens for p in prompts]
+        return [mlx_lm_run(target, draft, p, n, None, b).tokens for p in prompts]
 
     ref = [decode(target, p, max_tokens=n).tokens for p in prompts]
     for name, f in (("treespec", ours), ("mlx-lm", theirs)):

@@ -13,14 +13,12 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from treespec.bench import PROMPTS, parse_trees  # noqa: E402
-from treespec.cli import load_default_pair  # noqa: E402
-from treespec.decode import decode  # noqa: E402
-from treespec.draft import FixedTreeDrafter  # noqa: E402
+from treespec.bench import PROMPTS, parse_trees
+from treespec.checkpoints import load_default_pair
+from treespec.decode import decode
+from treespec.draft import FixedTreeDrafter
 
 
 def main():

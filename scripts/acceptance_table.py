@@ -25,7 +25,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
     if args.pair:
-        from treespec.cli import load_default_pair
+        from treespec.checkpoints import load_default_pair
 
         target, draft, tok = load_default_pair()
         prompts = CODE_PROMPTS

@@ -19,25 +19,19 @@ Run it with the BLAS the numbers are for (treespec.blas describes the one loaded
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treespec import blas  # noqa: E402
-from treespec.tree import DraftTree  # noqa: E402
-from treespec.verify import adapter_for  # noqa: E402
-from treespec.verify.gdn_tree import (  # noqa: E402
-    TreeGatedDelta,
-    recurrent_mixers,
-    state_footprint,
-    tree_mixer_forward,
-)
+from treespec import blas
+from treespec.tree import DraftTree
+from treespec.verify import adapter_for
+from treespec.verify.footprint import state_footprint
+from treespec.verify.gdn_tree import TreeGatedDelta, tree_mixer_forward
+from treespec.verify.mixers import recurrent_mixers
 
 
 def _chains(k, length):

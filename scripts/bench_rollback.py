@@ -18,18 +18,16 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treespec import blas  # noqa: E402
-from treespec.rollback import commit_path, snapshot  # noqa: E402
-from treespec.tree import DraftTree  # noqa: E402
-from treespec.verify import adapter_for  # noqa: E402
+from treespec import blas
+from treespec.rollback import commit_path, snapshot
+from treespec.tree import DraftTree
+from treespec.verify import adapter_for
 
 # Root, then three chains of five: the deepest leaf ends the last chain, so
 # committing its branch moves all five accepted rows.

@@ -27,17 +27,15 @@ Runs ignore EOS so every run emits --max-tokens tokens.
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import mlx.core as mx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import mlx_lm  # noqa: E402
+import mlx_lm
 
-from treespec.sampling import decode_sampled  # noqa: E402
+from treespec.sampling import decode_sampled
 
 PAIR = Path(__file__).resolve().parents[1] / "treespec" / "pair"
 # Python prompts (the pair was trained on CPython's stdlib); each ends in a

@@ -7,18 +7,15 @@ slow first run), and bare draft / verify steps timed with a sync each.
 """
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import mlx.core as mx  # noqa: E402
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache  # noqa: E402
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from treespec import scaled  # noqa: E402
-from treespec.bench import Config, _mlx_lm_run  # noqa: E402
-from treespec.decode import decode  # noqa: E402
+from treespec import scaled
+from treespec.bench import Config, mlx_lm_run
+from treespec.decode import decode
 
 
 def step_ms(model, T, context=64, n=20):
@@ -91,7 +88,7 @@ def main():
                   f"ms/round {tm}, {text(r.tokens)}", flush=True)
     for b in [int(x) for x in args.mlx_lm.split(",") if x]:
         for i in range(args.runs):
-            run = _mlx_lm_run(target, draft, p, mt, None, b)
+            run = mlx_lm_run(target, draft, p, mt, None, b)
             print(f"mlx-lm b={b} run {i}: {len(run.tokens) / run.wall_s:7.1f} tok/s, "
                   f"{text(run.tokens)}", flush=True)
 

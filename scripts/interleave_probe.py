@@ -14,16 +14,13 @@ once more after ``mx.clear_cache()``, with the allocator's cache size each time.
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import mlx.core as mx  # noqa: E402
+import mlx.core as mx
 
-from treespec import scaled  # noqa: E402
-from treespec.bench import Config, SharedProbe, build_configs, run_config  # noqa: E402
+from treespec import scaled
+from treespec.bench import Config, SharedProbe, build_configs, run_config
 
 CONFIGS = [Config("classic", "classic"), Config("chain b=5", "chain", block=5),
            Config("fixed [2,1,1,1]", "fixed", branching=(2, 1, 1, 1)),

@@ -20,16 +20,12 @@ repeat the same lengths). Run it once per setting of those variables:
 import argparse
 import os
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_round_probe import parse_config  # noqa: E402
+from gpu_round_probe import parse_config
 
-from treespec import scaled  # noqa: E402
-from treespec.bench import run_config  # noqa: E402
+from treespec import scaled
+from treespec.bench import run_config
 
 ENV = ("MLX_CUDA_SDPA_CACHE_SIZE", "MLX_CUDA_USE_CUDNN_SDPA", "MLX_USE_CUDA_GRAPHS")
 

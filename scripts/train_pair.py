@@ -38,9 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from treespec import zoo
+
 
 # Architectures. Untouched fields take mlx-lm's llama defaults (no biases,
 # plain RoPE); every attention layer uses a plain KVCache.
@@ -79,7 +78,6 @@ PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    "
 
 
 def full_config(arch: dict) -> dict:
-    from treespec import zoo
 
     cfg = dict(arch)
     cfg["vocab_size"] = zoo.VOCAB_SIZE
@@ -102,7 +100,6 @@ def is_heldout(relpath: str) -> bool:
 def stdlib_files(root: Path):
     """Sorted (relpath, text) of the stdlib's .py files: no site-packages,
     valid UTF-8 only, none containing a special-token string."""
-    from treespec import zoo
 
     skipped = {"not_utf8": [], "special_token": []}
     out = []
@@ -139,7 +136,6 @@ def heldout_sample(heldout):
 
 
 def cmd_corpus(args):
-    from treespec import zoo
 
     root = Path(args.stdlib or sysconfig.get_paths()["stdlib"])
     files, skipped = stdlib_files(root)
@@ -169,7 +165,7 @@ def cmd_corpus(args):
         "skipped": skipped,
         "heldout_files": names["heldout"],
         "sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in arrays.items()},
-        "tokenizer_sha256": hashlib.sha256(zoo._tokenizer_json().encode()).hexdigest(),
+        "tokenizer_sha256": hashlib.sha256(zoo.tokenizer_json().encode()).hexdigest(),
         "sample": heldout_sample([(r, t) for r, t in files if is_heldout(r)]),
     }
     out = Path(args.out)
@@ -250,7 +246,6 @@ def evaluate(target, draft, windows, batch=16):
 def evaluate_sample(target, draft, segments):
     """What suites/pair computes: each segment tokenized on its own, cut to
     SAMPLE_MAX_TOKENS, one forward each, losses summed over next tokens."""
-    from treespec import zoo
 
     tok = zoo.tokenizer()
     windows = [tok.encode(s["text"])[:SAMPLE_MAX_TOKENS] for s in segments]
@@ -275,7 +270,6 @@ def greedy(model, prompt, n=80):
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from treespec import zoo
 
     tok = zoo.tokenizer()
     ids = tok.encode(prompt)
@@ -399,7 +393,6 @@ def run_steps(pair, data, n, log=None, every=0, eval_fn=None, deadline=None):
 def save_pair(pair, out, dtype):
     import mlx.core as mx
 
-    from treespec import zoo
 
     paths = {}
     with mx.stream(mx.cpu):

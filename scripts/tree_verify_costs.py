@@ -16,20 +16,17 @@ of 30 after 5 warm-up calls.
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import mlx.core as mx  # noqa: E402
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache  # noqa: E402
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from treespec import scaled  # noqa: E402
-from treespec.draft import make_drafter  # noqa: E402
-from treespec.tree import DraftTree  # noqa: E402
-from treespec.verify.adapter import adapter_for  # noqa: E402
-from treespec.verify.attention import injected, rope_owners  # noqa: E402
+from treespec import scaled
+from treespec.draft import make_drafter
+from treespec.tree import DraftTree
+from treespec.verify.adapter import adapter_for
+from treespec.verify.attention import injected, rope_owners
 
 SPINE = [-1, 0, 0, 1, 1, 3, 3, 5, 5]  # depth 4, two children per spine node
 BRANCHING = [-1, 0, 0, 1, 2, 3, 4, 5, 6]  # [2,1,1,1]

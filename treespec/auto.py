@@ -42,18 +42,14 @@ never chosen. ``reason`` gives the numbers.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .draft import fixed_shape, shape_name
-
-# Calibration prompts: Python code, distinct from treespec.bench.PROMPTS.
-CALIBRATION_PROMPTS = [
-    "import json\n\n\ndef load(path):\n",
-    "class Node:\n    def __init__(self, value, children=None):\n",
-]
+from . import gate
+from .auto_calibrate import CALIBRATION_PROMPTS, calibrate
+from .costcurve import verify_cost_curve
+from .draft import FixedTreeDrafter, fixed_shape, make_drafter, shape_name
 
 KIND_RANK = {"classic": 0, "chain": 1, "fixed": 2, "confidence": 3}
 
@@ -327,122 +323,6 @@ def explain(choice: Candidate, ranked: Sequence[Candidate], curve: Dict[int, flo
     return "; ".join(parts)
 
 
-# ----------------------------------------------------------------------------- measuring
-
-
-def _recording(kind: str, **kw):
-    """A drafter that remembers each round's accepted path (and, for the
-    confidence tree, the draft's cumulative log-probabilities)."""
-    from .draft import ChainDrafter, ConfidenceDrafter
-
-    base = ChainDrafter if kind == "chain" else ConfidenceDrafter
-
-    class Recording(base):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            self.records = []
-            self._forwards = 0
-
-        def draft(self, root, limit=None):
-            self._forwards = 0
-            return super().draft(root, limit)
-
-        def _expand(self, fed_nodes):
-            self._forwards += 1
-            return super()._expand(fed_nodes)
-
-        def commit(self, rnd, path):
-            self.records.append((dict(rnd.logprobs), tuple(path), self._forwards))
-            super().commit(rnd, path)
-
-    return Recording(**kw)
-
-
-def _calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log):
-    """Interleaved greedy runs of each spec; per spec: records of the first
-    repeat and per-round timings, the minimum over repeats (interference from
-    other processes only ever adds time, so the minimum is the estimate of a
-    configuration's own cost that is least at the mercy of a busy machine)."""
-    from .decode import decode
-
-    def run(spec, prompt, mt, keep):
-        if spec["kind"] == "classic":
-            # mlx-lm's generate_step, greedy; steady state: from the first token
-            # (prefill done) to the last, as the speculative rounds exclude prefill.
-            import mlx.core as mx
-            from mlx_lm.generate import generate_step
-
-            stamps, eos_set = [], set(eos or ())
-            t0 = time.perf_counter()
-            for tok, _ in generate_step(mx.array(prompt), target, max_tokens=mt,
-                                        sampler=lambda lp: mx.argmax(lp, axis=-1)):
-                stamps.append(time.perf_counter())
-                if int(tok) in eos_set:
-                    break
-            return {"tokens": len(stamps), "wall": stamps[-1] - t0,
-                    "steady": stamps[-1] - stamps[0], "steps": len(stamps) - 1}
-        if spec["kind"] == "chain":
-            d = _recording("chain", block=spec["block"])
-            mode = "chain"
-        elif spec["kind"] == "confidence":
-            d = _recording("confidence", budget=spec["budget"], width=spec["width"])
-            mode = "tree"
-        else:
-            from .draft import FixedTreeDrafter
-
-            d = FixedTreeDrafter(**fixed_shape(spec["branching"]))
-            mode = "tree"
-        t0 = time.perf_counter()
-        r = decode(target, prompt, mode=mode, draft_model=draft_model, max_tokens=mt,
-                   eos_token_ids=eos, drafter=d, gate=False)
-        wall = time.perf_counter() - t0
-        s = r.stats
-        return {"tokens": len(r.tokens), "wall": wall, "rounds": s.rounds, "time": dict(s.time_ms),
-                "proposed": s.proposed, "emitted": s.emitted,
-                "records": getattr(d, "records", None) if keep else None}
-
-    for spec in specs:  # warm-up
-        run(spec, prompts[0], min(8, max_tokens), False)
-    acc = {i: [] for i in range(len(specs))}
-    for r in range(repeats):
-        k = r % len(specs)
-        order = list(range(len(specs)))[k:] + list(range(len(specs)))[:k]
-        for i in order:
-            acc[i].append([run(specs[i], p, max_tokens, r == 0) for p in prompts])
-    out = []
-    for i, spec in enumerate(specs):
-        reps = acc[i]
-        first = reps[0]
-        res = dict(spec)
-        if spec["kind"] == "classic":
-            res["ms_per_token"] = min(
-                1e3 * sum(x["steady"] for x in rep) / max(1, sum(x["steps"] for x in rep))
-                for rep in reps)
-            out.append(res)
-            continue
-        per = {"verify_ms": [], "draft_ms": [], "other_ms": []}
-        for rep in reps:
-            rounds = sum(x["rounds"] for x in rep)
-            t = {k: sum(x["time"][k] for x in rep) for k in rep[0]["time"]}
-            wall = 1e3 * sum(x["wall"] for x in rep) - t["prefill"]
-            per["verify_ms"].append(t["verify"] / rounds)
-            per["draft_ms"].append(t["draft"] / rounds)
-            per["other_ms"].append((wall - t["verify"] - t["draft"]) / rounds)
-        res.update({k: min(v) for k, v in per.items()})
-        rounds = sum(x["rounds"] for x in first)
-        res["rounds"] = rounds
-        res["nodes"] = 1 + sum(x["proposed"] for x in first) / rounds
-        res["emitted"] = sum(x["tokens"] for x in first) / rounds
-        recs = [rec for x in first for rec in (x["records"] or [])]
-        if spec["kind"] == "chain":
-            res["accepted"] = [len(path) - 1 for _, path, _ in recs]
-        elif spec["kind"] == "confidence":
-            res["records"] = [(lp, path) for lp, path, _ in recs]
-            res["steps"] = statistics.mean(n for _, _, n in recs) if recs else None
-        out.append(res)
-    return out
-
-
 def decode_kwargs(choice: dict) -> dict:
     """The ``treespec.decode.decode`` keyword arguments of a choice."""
     out = {k: choice[k] for k in ("mode", "block", "budget", "width") if choice.get(k) is not None}
@@ -462,11 +342,7 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
     ``decode_kwargs(result)`` feeds ``treespec.decode.decode``. ``prompts``: token
     lists or strings (with ``tokenizer``); default CALIBRATION_PROMPTS. ``decide``:
     the exactness gate (default ``treespec.gate.decide``)."""
-    from .costcurve import verify_cost_curve
-
-    if decide is None:
-        from .gate import decide
-
+    decide = decide if decide is not None else gate.decide
     if max_block < 2:
         raise ValueError(f"max_block must be >= 2, got {max_block}")
     t_start = time.perf_counter()
@@ -475,8 +351,6 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
     prompts = [p if not isinstance(p, str) else _encode(tokenizer, p) for p in prompts]
     if eos_token_ids is None and tokenizer is not None:
         eos_token_ids = list(tokenizer.eos_token_ids)
-
-    from .draft import FixedTreeDrafter
 
     fixed_sizes = [FixedTreeDrafter(**fixed_shape(t)).budget() + 1 for t in trees]
     t_max = max([max_block] + fixed_sizes)
@@ -496,7 +370,7 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
     specs += [{"kind": "fixed", "branching": tuple(t),
                "budget": FixedTreeDrafter(**fixed_shape(t)).budget()} for t in trees]
     t0 = time.perf_counter()
-    cal = _calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos_token_ids, log)
+    cal = calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos_token_ids, log)
     log(f"auto: calibration {len(specs)} configurations x {len(prompts)} prompts x "
         f"{max_tokens} tokens x {repeats} ({time.perf_counter() - t0:.1f}s)")
     classic = next((c for c in cal if c["kind"] == "classic"), None)
@@ -539,8 +413,6 @@ def _per_depth(accepted: Sequence[int], depth: int) -> List[float]:
 
 
 def _drafter_for(c: Candidate):
-    from .draft import make_drafter
-
     kw = c.decode_kwargs()
     mode = kw.pop("mode")
     return make_drafter(mode, **kw)

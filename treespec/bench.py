@@ -38,16 +38,20 @@ processes on a busy machine.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
-from .bench_report import EXACT, format_curve, format_report, machine_info, write_plots
-from .costcurve import parse_dims
-from .draft import FixedTreeDrafter, fixed_shape, shape_name
+import mlx.core as mx
+from mlx_lm.generate import speculative_generate_step
+from mlx_lm.models.cache import make_prompt_cache
+
+from .auto import decode_kwargs as auto_decode_kwargs
+from .bench_report import EXACT, summarize
+from .decode import decode
+from .draft import ChainDrafter, FixedTreeDrafter, fixed_shape, make_drafter, shape_name
+from .gate import DRAWS, Decision, compare_shape, configuration
 
 # Python-code prompts for the trained pair (trained on CPython's stdlib). Each
 # ends in a newline, not indentation spaces (treespec/pair/README.md says why).
@@ -145,10 +149,7 @@ class Config:
         if kind == "auto":
             raise AssertionError("unreachable")
         if self.kind == "auto":
-            c = self.choice
-            from .auto import decode_kwargs
-
-            return decode_kwargs(c)
+            return auto_decode_kwargs(self.choice)
         if kind == "classic":
             return {"mode": "classic"}
         if kind in ("chain", "mlx-lm"):
@@ -158,8 +159,6 @@ class Config:
         return {"mode": "tree", "budget": self.budget, "width": self.width}
 
     def drafter(self):
-        from .draft import ChainDrafter, make_drafter
-
         if self.kind == "mlx-lm":
             return ChainDrafter(self.block)
         kw = self.decode_kwargs()
@@ -217,13 +216,10 @@ class Run:
     cpu_s: Optional[float] = None  # process CPU time (all threads): robust to a busy machine
 
 
-def _mlx_lm_run(target, draft, prompt, max_tokens, eos, block) -> Run:
+def mlx_lm_run(target, draft, prompt, max_tokens, eos, block) -> Run:
     """mlx-lm's speculative decoding, greedy, stopping at EOS like classic;
     its rounds recovered from ``from_draft`` (a round ends with the target's
     own token)."""
-    import mlx.core as mx
-    from mlx_lm.generate import speculative_generate_step
-
     eos = set(eos or ())
     nd = block - 1
     out: List[int] = []
@@ -272,9 +268,7 @@ def _run_config(cfg: Config, target, draft, prompt, max_tokens, eos) -> Run:
     if cfg.runner is not None:
         return cfg.runner(target, draft, prompt, max_tokens, eos)
     if cfg.kind == "mlx-lm":
-        return _mlx_lm_run(target, draft, prompt, max_tokens, eos, cfg.block)
-    from .decode import decode
-
+        return mlx_lm_run(target, draft, prompt, max_tokens, eos, cfg.block)
     kw = cfg.decode_kwargs()
     t0 = time.perf_counter()
     # The gate ran (and passed) before the timed runs; decode's own gate would
@@ -288,25 +282,6 @@ def _run_config(cfg: Config, target, draft, prompt, max_tokens, eos) -> Run:
              "depth_reached": list(s.depth_reached),
              "time_ms": dict(s.time_ms) if kw["mode"] != "classic" else None}
     return Run(list(result.tokens), wall, stats)
-
-
-def _merge(stats_list: Sequence[dict]) -> dict:
-    out = {"rounds": 0, "proposed": 0, "accepted": 0, "emitted": 0,
-           "depth_accepted": [], "depth_reached": [], "time_ms": None}
-    for s in stats_list:
-        for k in ("rounds", "proposed", "accepted", "emitted"):
-            out[k] += s[k]
-        for k in ("depth_accepted", "depth_reached"):
-            cur = out[k]
-            cur += [0] * (len(s[k]) - len(cur))
-            for i, v in enumerate(s[k]):
-                cur[i] += v
-        if s.get("time_ms") is not None:
-            tm = out["time_ms"] or {}
-            for k, v in s["time_ms"].items():
-                tm[k] = tm.get(k, 0.0) + v
-            out["time_ms"] = tm
-    return out
 
 
 def _first_diff(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
@@ -333,8 +308,6 @@ class SharedProbe:
         self._config = {}
 
     def __call__(self, model, shapes, allow_inexact: bool = False):
-        from .gate import DRAWS, Decision, compare_shape, configuration
-
         key = id(model)
         if key not in self._config:
             self._config[key] = configuration(model)
@@ -366,9 +339,6 @@ def prefill_ms(model, prompt, repeats: int = 5) -> float:
     """Median wall ms of prefilling ``prompt[:-1]`` into a fresh cache: what
     every run of this prompt pays before its first new token (the target in
     every configuration, the draft model too in speculative ones)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
     if len(prompt) < 2:
         return 0.0
     times = []
@@ -419,11 +389,9 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
         log(f"  probe {c.name:<24} {'pass' if d.exact else 'FAIL'}"
             f" ({time.perf_counter() - t0:.1f}s)")
     # 2. Warm-up: every configuration once over every prompt, untimed. On an
-    # accelerator a run's first meeting with a shape compiles kernels: on the
-    # H200 the first 48-token run of a chain was 5-10x slower than the next
-    # (scripts/gpu_round_probe.py; with cuDNN attention on, which also builds
-    # a graph per kv length: treespec/cuda_env.py), and a short warm-up meets
-    # too few shapes.
+    # accelerator a run's first meeting with a shape compiles kernels (and
+    # cuDNN attention builds a graph per kv length: treespec/cuda_env.py),
+    # so a short warm-up would leave those costs inside the timed runs.
     for c in live:
         for p in prompts:
             run_config(c, target, draft, p, max_tokens if warmup_tokens is None
@@ -484,218 +452,3 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     report["repeats_asked"] = repeats
     report["prefill_ms"] = [{"target": pt, "draft": pd} for pt, pd in prefill]
     return report
-
-
-def summarize(rows: dict, configs: Sequence[Config], prompts, max_tokens, repeats) -> dict:
-    """Medians, acceptance and speedups from the raw runs."""
-    out = []
-    for c in configs:
-        row = rows[c.name]
-        res = {k: row[k] for k in ("name", "kind", "block", "budget", "branching", "exact",
-                                   "checks", "reason", "probe")}
-        res["text_diff"] = row.get("text_diff")
-        if c.kind == "auto":
-            res["choice"] = {k: v for k, v in (c.choice or {}).items() if k != "details"}
-        if row["exact"] and row["runs"]:
-            tok_s = [sum(len(x.tokens) for x in runs) / w for runs, w in zip(row["runs"], row["wall"])]
-            res["tok_s"] = statistics.median(tok_s)
-            res["tok_s_all"] = tok_s
-            dec = [sum(len(x.tokens) for x in runs) / w
-                   for runs, w in zip(row["runs"], row["decode"])]
-            res["decode_tok_s"] = statistics.median(dec)
-            res["decode_all"] = dec
-            res["tokens"] = sum(len(x.tokens) for x in row["runs"][0])
-            cpu = [1e3 * sum(x.cpu_s for x in runs) / sum(len(x.tokens) for x in runs)
-                   for runs in row["runs"] if all(x.cpu_s is not None for x in runs)]
-            res["cpu_ms_per_token"] = statistics.median(cpu) if cpu else None
-            res["cpu_all"] = cpu
-            st = _merge([x.stats for x in row["runs"][0]]) if row["runs"][0][0].stats else None
-            if st and c.speculative:
-                res["rounds"] = st["rounds"]
-                res["acceptance"] = st["accepted"] / st["proposed"] if st["proposed"] else None
-                res["emitted_per_verify"] = (res["tokens"] / st["rounds"]) if st["rounds"] else None
-                res["per_depth_acceptance"] = [a / n if n else None for a, n in
-                                               zip(st["depth_accepted"], st["depth_reached"])]
-                res["mean_nodes"] = 1 + st["proposed"] / st["rounds"] if st["rounds"] else None
-                # ms per round, median over repeats, per part
-                parts = {}
-                for runs, wall in zip(row["runs"], row["wall"]):
-                    m = _merge([x.stats for x in runs])
-                    if m["time_ms"]:
-                        for k in ("draft", "verify", "walk", "commit"):
-                            parts.setdefault(k, []).append(m["time_ms"][k] / m["rounds"])
-                    parts.setdefault("round", []).append(wall * 1e3 / m["rounds"])
-                res["ms_per_round"] = {k: statistics.median(v) for k, v in parts.items()}
-            elif not c.speculative:
-                res["ms_per_token"] = statistics.median(
-                    w * 1e3 / sum(len(x.tokens) for x in runs)
-                    for runs, w in zip(row["runs"], row["wall"]))
-        out.append(res)
-    # Speedups: medians of per-repeat ratios (the runs of one repeat are interleaved).
-    by = {r["name"]: r for r in out}
-    base = by[configs[0].name]
-    # On decode tok/s: the speed a long generation sees (prefill is one-off).
-    chains = [r for r in out if r["kind"] == "chain" and r.get("tok_s")]
-    best_chain = max(chains, key=lambda r: r["decode_tok_s"]) if chains else None
-    for r in out:
-        if not r.get("tok_s"):
-            continue
-        if base.get("decode_all"):
-            r["x_classic"] = statistics.median(
-                a / b for a, b in zip(r["decode_all"], base["decode_all"]))
-        if best_chain:
-            r["x_best_chain"] = statistics.median(
-                a / b for a, b in zip(r["decode_all"], best_chain["decode_all"]))
-    return {"rows": out, "best_chain": best_chain["name"] if best_chain else None,
-            "prompts": len(prompts), "max_tokens": max_tokens, "repeats": repeats}
-
-
-# ----------------------------------------------------------------------------- command
-
-
-CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
-
-
-def cmd_bench(args) -> int:
-    from .cli import CliError, check_same_tokenizer, default_pair, load_checkpoint
-
-    t_start = time.perf_counter()
-    say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else \
-        (lambda s: print(s, flush=True))
-    if args.plot:  # fail before minutes of measuring, not after
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CliError("--plot needs matplotlib, which is not installed: pip install matplotlib")
-    model_path, draft_path = args.model, args.draft_model
-    if args.scaled is not None and (model_path or draft_path):
-        raise CliError("--scaled builds its own pair; give it without --model/--draft-model")
-    if model_path is None and args.scaled is None:
-        if draft_path is not None:
-            raise CliError("--draft-model given without --model")
-        model_path, draft_path = default_pair()
-    elif draft_path is None and args.scaled is None:
-        raise CliError("--model given without --draft-model: bench compares speculative modes")
-    if args.prompts < 1 or args.prompts > len(PROMPTS):
-        raise CliError(f"--prompts must be 1..{len(PROMPTS)}")
-    machine = machine_info()
-    attention = f"; {machine['attention']}" if "attention" in machine else ""  # CUDA only
-    say(f"machine: {machine['blas']}; mlx {machine['mlx']}, mlx-lm {machine.get('mlx_lm')}, "
-        f"{machine['device']}, {machine['cpus']} CPUs, load {machine.get('loadavg')}; "
-        f"treespec git {machine['git']}{attention}")
-    auto_prompts = tokenizer = None
-    if args.scaled is not None:
-        from . import scaled
-
-        hidden, layers = args.scaled
-        target, draft = scaled.build_pair(hidden, layers, args.draft_layers, args.alpha)
-        # Random weights know no text: seeded token prompts, no EOS; auto
-        # calibrates on prompts of its own, as with the trained pair.
-        prompts = scaled.default_prompts(args.prompts + 2)
-        prompts, auto_prompts = prompts[: args.prompts], prompts[args.prompts:]
-        eos = []
-        pair = (f"scaled llama {hidden}x{layers} bf16 ({scaled.n_params(target) / 1e9:.2f}B), "
-                f"drafter its first {args.draft_layers} layers "
-                f"({scaled.n_params(draft) / 1e9:.2f}B), alpha {args.alpha}")
-        report_extra = {"machine": machine, "model": pair, "draft_model": pair,
-                        "prompts_text": None}
-        say(f"pair: {pair}")
-    else:
-        target, tokenizer = load_checkpoint(model_path, "model")
-        draft, draft_tok = load_checkpoint(draft_path, "draft-model")
-        check_same_tokenizer(tokenizer, draft_tok, target, draft)
-        say(f"pair: target {model_path}, draft {draft_path}")
-        texts = PROMPTS[: args.prompts]
-        prompts = [tokenizer.encode(t) for t in texts]
-        eos = list(tokenizer.eos_token_ids)
-        report_extra = {"machine": machine, "model": str(model_path),
-                        "draft_model": str(draft_path), "prompts_text": texts}
-
-    curve = None
-    if args.verify_curve:
-        from .costcurve import verify_cost_curve
-
-        t0 = time.perf_counter()
-        curve = verify_cost_curve(target, CURVE_TS, context=64, repeats=7, warmup=2)
-        say(format_curve(curve, f"target, {time.perf_counter() - t0:.1f}s"))
-        report_extra["verify_curve"] = curve
-
-    configs = build_configs(args.blocks, args.trees, args.width, mlx_lm=not args.no_mlx_lm)
-    gate = SharedProbe()
-    if not args.no_auto:
-        from . import auto
-
-        t0 = time.perf_counter()
-        choice = auto.choose(target, draft, auto_prompts, tokenizer=tokenizer,
-                             max_block=max(args.blocks), trees=args.trees,
-                             width=args.width, allow_inexact=args.allow_inexact,
-                             eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s))
-        say(f"auto ({time.perf_counter() - t0:.1f}s calibration): {describe_choice(choice)}: "
-            f"{choice['reason']}")
-        report_extra["auto"] = {k: v for k, v in choice.items()}
-        configs.append(auto_config(choice))
-        if curve is None:
-            curve = choice.get("details", {}).get("curve")
-
-    say(f"bench: {len(configs)} configurations x {len(prompts)} prompts x {args.max_tokens} "
-        f"tokens, {args.repeats} interleaved repeats")
-    report = bench(target, draft, prompts, configs, max_tokens=args.max_tokens,
-                   repeats=args.repeats, eos=eos, allow_inexact=args.allow_inexact,
-                   max_seconds=args.max_seconds,
-                   decide=gate, log=say)
-    report.update(report_extra)
-    report["seconds"] = time.perf_counter() - t_start
-    if args.plot:
-        report["plots"] = write_plots(report, args.plot, curve)
-    if args.json:
-        print(json.dumps(report, default=str))
-    else:
-        print()
-        what = "seeded token" if args.scaled else "Python"
-        print(f"{len(prompts)} {what} prompts x {args.max_tokens} tokens, median of "
-              f"{report['repeats']} interleaved repeats; {machine['blas']}; mlx {machine['mlx']}; "
-              f"git {machine['git']}{attention}")
-        print(format_report(report))
-        if "auto" in report:
-            print(f"\nauto chose {describe_choice(report['auto'])}: {report['auto']['reason']}")
-        for p in report.get("plots", []):
-            print(f"wrote {p}")
-        print(f"({report['seconds']:.0f} s)")
-    return 0
-
-
-def add_parser(sub):
-    p = sub.add_parser("bench", help="throughput of classic, chain, tree, auto and mlx-lm, "
-                       "each figure gated by the exactness checks of the same run")
-    p.add_argument("--model", help="target mlx-lm checkpoint (default: the trained pair)")
-    p.add_argument("--draft-model", help="draft mlx-lm checkpoint (with --model)")
-    p.add_argument("--prompts", type=int, default=3, help=f"Python prompts, 1..{len(PROMPTS)}")
-    p.add_argument("--max-tokens", type=int, default=40)
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats (medians)")
-    p.add_argument("--max-seconds", type=float,
-                   help="start no repeat past this many seconds of timed runs (at least one "
-                   "runs; the table says how many its medians cover)")
-    p.add_argument("--blocks", type=parse_blocks, default=parse_blocks(DEFAULT_BLOCKS),
-                   help="chain blocks (and confidence budgets block-1): LO..HI or a list")
-    p.add_argument("--trees", type=parse_trees,
-                   default=[tuple(t) for t in FIXED_TREES],
-                   help="fixed topologies as branching lists or parent lists, e.g. "
-                   "--trees=\"2,1,1 -1,0,0,1,1\" ('' for none)")
-    p.add_argument("--width", type=int, default=4, help="confidence tree: top-k per expansion")
-    p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's speculative decoding")
-    p.add_argument("--no-auto", action="store_true", help="skip auto's calibration and row")
-    p.add_argument("--plot", metavar="DIR", help="write PNGs (needs matplotlib)")
-    p.add_argument("--verify-curve", action="store_true",
-                   help="measure one target forward's cost for T=1..64 and print it")
-    p.add_argument("--json", action="store_true", help="one JSON report on stdout")
-    p.add_argument("--allow-inexact", action="store_true",
-                   help="time configurations whose probe found differences (still text-diffed)")
-    p.add_argument("--scaled", type=parse_dims, metavar="HIDDENxLAYERS",
-                   help="instead of a checkpoint pair: a random bf16 llama of this size and a "
-                   "drafter cut from it (treespec.scaled), e.g. 2048x16 (~0.8B)")
-    p.add_argument("--draft-layers", type=int, default=2, help="--scaled: the drafter's depth")
-    p.add_argument("--alpha", type=float, default=0.3,
-                   help="--scaled: damping of the layers the drafter lacks (sets acceptance)")
-    p.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
-                   help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
-    p.set_defaults(func=cmd_bench)

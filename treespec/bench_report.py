@@ -1,6 +1,6 @@
 """`treespec bench`'s report: the machine it ran on, the table, the treespec-vs-mlx-lm
-comparison, the verify cost curve and the PNGs. Everything here reads the report dict
-``treespec.bench.bench`` returns; nothing runs a model."""
+comparison, the verify cost curve and the PNGs; and ``summarize``, which turns the raw
+timed runs of ``treespec.bench.bench`` into that report. Nothing here runs a model."""
 
 from __future__ import annotations
 
@@ -9,27 +9,106 @@ import platform
 import statistics
 import subprocess
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
+import mlx.core as mx
+import mlx_lm
+
+from .blas import describe, detect
+from .cuda_env import describe as describe_attention
 from .draft import shape_name
 
 EXACT = "probe+text"
 
 
-def machine_info() -> dict:
-    import mlx.core as mx
+def _merge(stats_list: Sequence[dict]) -> dict:
+    out = {"rounds": 0, "proposed": 0, "accepted": 0, "emitted": 0,
+           "depth_accepted": [], "depth_reached": [], "time_ms": None}
+    for s in stats_list:
+        for k in ("rounds", "proposed", "accepted", "emitted"):
+            out[k] += s[k]
+        for k in ("depth_accepted", "depth_reached"):
+            cur = out[k]
+            cur += [0] * (len(s[k]) - len(cur))
+            for i, v in enumerate(s[k]):
+                cur[i] += v
+        if s.get("time_ms") is not None:
+            tm = out["time_ms"] or {}
+            for k, v in s["time_ms"].items():
+                tm[k] = tm.get(k, 0.0) + v
+            out["time_ms"] = tm
+    return out
 
+
+def summarize(rows: dict, configs: Sequence, prompts, max_tokens, repeats) -> dict:
+    """Medians, acceptance and speedups from the raw runs."""
+    out = []
+    for c in configs:
+        row = rows[c.name]
+        res = {k: row[k] for k in ("name", "kind", "block", "budget", "branching", "exact",
+                                   "checks", "reason", "probe")}
+        res["text_diff"] = row.get("text_diff")
+        if c.kind == "auto":
+            res["choice"] = {k: v for k, v in (c.choice or {}).items() if k != "details"}
+        if row["exact"] and row["runs"]:
+            tok_s = [sum(len(x.tokens) for x in runs) / w for runs, w in zip(row["runs"], row["wall"])]
+            res["tok_s"] = statistics.median(tok_s)
+            res["tok_s_all"] = tok_s
+            dec = [sum(len(x.tokens) for x in runs) / w
+                   for runs, w in zip(row["runs"], row["decode"])]
+            res["decode_tok_s"] = statistics.median(dec)
+            res["decode_all"] = dec
+            res["tokens"] = sum(len(x.tokens) for x in row["runs"][0])
+            cpu = [1e3 * sum(x.cpu_s for x in runs) / sum(len(x.tokens) for x in runs)
+                   for runs in row["runs"] if all(x.cpu_s is not None for x in runs)]
+            res["cpu_ms_per_token"] = statistics.median(cpu) if cpu else None
+            res["cpu_all"] = cpu
+            st = _merge([x.stats for x in row["runs"][0]]) if row["runs"][0][0].stats else None
+            if st and c.speculative:
+                res["rounds"] = st["rounds"]
+                res["acceptance"] = st["accepted"] / st["proposed"] if st["proposed"] else None
+                res["emitted_per_verify"] = (res["tokens"] / st["rounds"]) if st["rounds"] else None
+                res["per_depth_acceptance"] = [a / n if n else None for a, n in
+                                               zip(st["depth_accepted"], st["depth_reached"])]
+                res["mean_nodes"] = 1 + st["proposed"] / st["rounds"] if st["rounds"] else None
+                # ms per round, median over repeats, per part
+                parts = {}
+                for runs, wall in zip(row["runs"], row["wall"]):
+                    m = _merge([x.stats for x in runs])
+                    if m["time_ms"]:
+                        for k in ("draft", "verify", "walk", "commit"):
+                            parts.setdefault(k, []).append(m["time_ms"][k] / m["rounds"])
+                    parts.setdefault("round", []).append(wall * 1e3 / m["rounds"])
+                res["ms_per_round"] = {k: statistics.median(v) for k, v in parts.items()}
+            elif not c.speculative:
+                res["ms_per_token"] = statistics.median(
+                    w * 1e3 / sum(len(x.tokens) for x in runs)
+                    for runs, w in zip(row["runs"], row["wall"]))
+        out.append(res)
+    # Speedups: medians of per-repeat ratios (the runs of one repeat are interleaved).
+    by = {r["name"]: r for r in out}
+    base = by[configs[0].name]
+    # On decode tok/s: the speed a long generation sees (prefill is one-off).
+    chains = [r for r in out if r["kind"] == "chain" and r.get("tok_s")]
+    best_chain = max(chains, key=lambda r: r["decode_tok_s"]) if chains else None
+    for r in out:
+        if not r.get("tok_s"):
+            continue
+        if base.get("decode_all"):
+            r["x_classic"] = statistics.median(
+                a / b for a, b in zip(r["decode_all"], base["decode_all"]))
+        if best_chain:
+            r["x_best_chain"] = statistics.median(
+                a / b for a, b in zip(r["decode_all"], best_chain["decode_all"]))
+    return {"rows": out, "best_chain": best_chain["name"] if best_chain else None,
+            "prompts": len(prompts), "max_tokens": max_tokens, "repeats": repeats}
+
+
+def machine_info() -> dict:
     info = {"mlx": mx.__version__, "device": str(mx.default_device()),
             "python": platform.python_version(), "cpus": os.cpu_count()}
+    info["mlx_lm"] = mlx_lm.__version__
     try:
-        import mlx_lm
-
-        info["mlx_lm"] = getattr(mlx_lm, "__version__", "?")
-    except ImportError:
-        pass
-    try:
-        from .blas import describe, detect
-
         b = detect()
         info["blas"], info["blas_key"] = describe(b), b.key()
     except Exception as e:  # detection must never stop a bench
@@ -38,8 +117,6 @@ def machine_info() -> dict:
     # names the commit it copied.
     info["git"] = (os.environ.get("TREESPEC_COMMIT")
                    or _git_commit(Path(__file__).resolve().parent.parent))
-    from .cuda_env import describe as describe_attention
-
     if attention := describe_attention():
         info["attention"] = attention
     try:

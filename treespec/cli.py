@@ -3,7 +3,16 @@
 import argparse
 import json
 import sys
-from pathlib import Path
+
+import mlx.core as mx
+
+from . import audit, bench_cli
+from .auto import choose, decode_kwargs
+from .blas import BlasUnavailable, describe, detect, ensure_blas
+from .checkpoints import check_same_tokenizer, default_pair, load_checkpoint
+from .cuda_env import prefer_mlx_attention
+from .decode import decode, detokenize
+from .errors import TreeRefused, UsageError
 
 
 def _ints(text: str):
@@ -13,72 +22,17 @@ def _ints(text: str):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
 
 
-class CliError(Exception):
-    """A user-facing error: printed without a traceback, exit status 2."""
-
-
-def load_checkpoint(path, role: str):
-    from mlx_lm import load
-
-    p = Path(path)
-    if not p.is_dir() or not (p / "config.json").exists():
-        raise CliError(f"--{role} {path}: not an mlx-lm checkpoint directory "
-                       f"(no config.json there)")
-    try:
-        return load(str(p))
-    except Exception as e:  # mlx-lm raises many kinds; name the path and role
-        raise CliError(f"--{role} {path}: mlx_lm.load failed: {type(e).__name__}: {e}")
-
-
-PAIR = Path(__file__).parent / "pair"
-
-
-def default_pair():
-    """The built-in pair, shipped in the package: a target and drafter trained
-    on the Python standard library (treespec/pair/README.md). No downloads."""
-    return PAIR / "target", PAIR / "draft"
-
-
-def load_default_pair():
-    """(target, draft, tokenizer) of the built-in pair, through ``mlx_lm.load``."""
-    import mlx_lm
-
-    target_path, draft_path = default_pair()
-    target, tokenizer = mlx_lm.load(str(target_path))
-    draft, _ = mlx_lm.load(str(draft_path))
-    return target, draft, tokenizer
-
-
-def check_same_tokenizer(tok_a, tok_b, model_a, model_b):
-    va, vb = tok_a.get_vocab(), tok_b.get_vocab()
-    if va != vb:
-        only = sorted(set(va) ^ set(vb))[:5]
-        raise CliError(f"the draft model's tokenizer differs from the target's "
-                       f"({len(va)} vs {len(vb)} entries; e.g. {only}); speculative "
-                       f"decoding needs one shared tokenizer")
-    from .gate import vocab_size  # read off the logits: configs nest it differently
-
-    ea, eb = vocab_size(model_a), vocab_size(model_b)
-    if ea != eb:
-        raise CliError(f"vocabulary sizes differ: target {ea} logits, draft {eb}")
-
-
 def cmd_generate(args) -> int:
-    import mlx.core as mx
-
-    from .decode import decode, detokenize
-    from .verify import TreeRefused
-
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
         if draft_path is not None:
-            raise CliError("--draft-model given without --model")
+            raise UsageError("--draft-model given without --model")
         model_path, draft_path = default_pair()
     target, tokenizer = load_checkpoint(model_path, "model")
     draft = None
     if args.mode != "classic":
         if draft_path is None:
-            raise CliError(f"--mode {args.mode} needs --draft-model")
+            raise UsageError(f"--mode {args.mode} needs --draft-model")
         draft, draft_tok = load_checkpoint(draft_path, "draft-model")
         check_same_tokenizer(tokenizer, draft_tok, target, draft)
     prompt = tokenizer.encode(args.prompt)
@@ -87,9 +41,7 @@ def cmd_generate(args) -> int:
     chosen = None
     if args.mode == "auto":
         if args.temp > 0:
-            raise CliError("--mode auto calibrates greedy decoding; pick chain or tree with --temp")
-        from .auto import choose, decode_kwargs
-
+            raise UsageError("--mode auto calibrates greedy decoding; pick chain or tree with --temp")
         chosen = choose(target, draft, tokenizer=tokenizer, allow_inexact=args.allow_inexact)
         print(f"treespec: auto chose {decode_kwargs(chosen)}: {chosen['reason']}", file=sys.stderr)
         shape = {**dict(block=args.block, branching=None, parents=None, budget=None,
@@ -101,9 +53,9 @@ def cmd_generate(args) -> int:
                         allow_inexact=args.allow_inexact, temperature=args.temp,
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     except TreeRefused as e:
-        raise CliError(f"the target refuses tree verification: {e}")
+        raise UsageError(f"the target refuses tree verification: {e}")
     except ValueError as e:  # SamplingRefused and bad option combinations
-        raise CliError(str(e))
+        raise UsageError(str(e))
     # mlx-lm's own streaming detokenizer, so the text is what mlx_lm.generate prints.
     text = detokenize(tokenizer, result.tokens)
     summary = result.stats.summary()
@@ -111,12 +63,7 @@ def cmd_generate(args) -> int:
     summary["device"] = str(mx.default_device())
     if chosen is not None:
         summary["auto"] = {"chose": decode_kwargs(chosen), "reason": chosen["reason"]}
-    try:
-        from .blas import describe, detect
-
-        summary["blas"] = describe(detect())
-    except ImportError:
-        pass
+    summary["blas"] = describe(detect())
     if args.json:
         print(json.dumps({"text": text, "tokens": result.tokens, "diagnostics": summary}))
     else:
@@ -180,29 +127,23 @@ def build_parser():
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
     g.set_defaults(func=cmd_generate)
     # Each other command lives in its own module and adds its own parser.
-    from . import audit, bench
-
     audit.add_parser(sub)
-    bench.add_parser(sub)
+    bench_cli.add_parser(sub)
     return ap
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from .cuda_env import prefer_mlx_attention
-
     if note := prefer_mlx_attention():  # before any forward: MLX reads it once
         print(f"note: {note}", file=sys.stderr)
     try:
         if getattr(args, "blas", "auto") != "auto":
-            from .blas import BlasUnavailable, ensure_blas
-
             try:
                 ensure_blas(args.blas)  # may re-execute this very command
             except BlasUnavailable as e:
-                raise CliError(str(e))
+                raise UsageError(str(e))
         return args.func(args)
-    except CliError as e:
+    except UsageError as e:
         print(f"treespec {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -29,10 +29,14 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm
+from mlx_lm.models import llama
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from . import blas as _blas
+from . import zoo
+from .models import vocab_size
 
 DEFAULT_TS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -59,8 +63,6 @@ def build_llama(
     bits=4/8 quantizes every Linear and the (tied) embedding with nn.quantize, activations stay
     in `dtype`.
     """
-    from mlx_lm.models import llama
-
     heads = heads or max(1, hidden // 64)
     kv_heads = kv_heads or max(1, heads // 2)
     ffn = ffn or int(np.ceil(8 * hidden / 3 / 64) * 64)
@@ -107,30 +109,13 @@ def make_model(spec: str, *, model_path: str | None, dims: tuple[int, int] | Non
     """(model, label) for a dtype spec: --model checkpoint, --dims llama, else zoo llama."""
     dtype, bits = _parse_dtype(spec)
     if model_path:
-        from mlx_lm import load
-
-        model, _ = load(model_path)
+        model, _ = mlx_lm.load(model_path)
         return model, f"{model_path}"
     if dims is None:
-        try:
-            from . import zoo
-        except ImportError:
-            zoo = None
-        if zoo is not None and hasattr(zoo, "build"):
-            return zoo.build("llama", dtype=dtype, bits=bits, seed=seed), f"zoo llama {spec} seed {seed}"
-        dims = (64, 2)
+        return zoo.build("llama", dtype=dtype, bits=bits, seed=seed), f"zoo llama {spec} seed {seed}"
     hidden, layers = dims
     model = build_llama(hidden, layers, dtype=dtype, bits=bits, seed=seed)
     return model, f"llama {hidden}x{layers} {spec} seed {seed}"
-
-
-def _vocab_size(model) -> int:
-    args = getattr(model, "args", None)
-    v = getattr(args, "vocab_size", None)
-    if v:
-        return int(v)
-    out = model(mx.array([[0]]))
-    return int(out.shape[-1])
 
 
 def _prefill(model, context: int, rng: np.random.RandomState, vocab: int):
@@ -160,7 +145,7 @@ def verify_cost_curve(
     forward needs them). Returns [{T, median_ms, min_ms, ratio_to_T1}] in the order of Ts.
     """
     rng = np.random.RandomState(seed)
-    vocab = _vocab_size(model)
+    vocab = vocab_size(model)
     cache = _prefill(model, context, rng, vocab)
     rows = []
     for T in Ts:
@@ -190,7 +175,7 @@ def stepwise_exactness(model, T_max: int = 16, context: int = 32, seed: int = 0)
     Returns [{T, max_abs_diff, identical, argmax_flips}] (logits compared in float32).
     """
     rng = np.random.RandomState(seed + 1)
-    vocab = _vocab_size(model)
+    vocab = vocab_size(model)
     cache = _prefill(model, context, rng, vocab)
     rows = []
     for T in range(1, T_max + 1):

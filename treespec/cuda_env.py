@@ -21,6 +21,8 @@ import os
 import warnings
 from typing import MutableMapping, Optional
 
+import mlx.core as mx
+
 CUDNN_SDPA = "MLX_CUDA_USE_CUDNN_SDPA"
 WHY = ("cuDNN attention builds a graph for every kv length a multi-token forward meets, and a "
        "speculative round meets a new one every round (H200: chain b=5 28.7 vs 2.8 ms per token)")
@@ -31,8 +33,6 @@ class CudnnAttentionWarning(RuntimeWarning):
 
 
 def cuda_backend() -> bool:
-    import mlx.core as mx
-
     return bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
 
 

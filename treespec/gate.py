@@ -23,8 +23,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import make_prompt_cache
 
+from .blas import detect
+from .models import model_type, prefilled, vocab_size
 from .tree import DraftTree
 from .verify import adapter_for
 
@@ -107,16 +108,13 @@ def _hash_weights(params) -> str:
 
 def configuration(model: nn.Module) -> dict:
     """Everything the verdict depends on, readable."""
-    from .blas import detect
-
     params = dict(tree_flatten(model.parameters()))
     dtypes = sorted({str(v.dtype) for k, v in params.items()
                      if not k.endswith((".scales", ".biases")) and mx.issubdtype(v.dtype, mx.floating)})
     quant = sorted({(getattr(m, "bits", None), getattr(m, "group_size", None))
                     for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))})
-    args = getattr(model, "args", None)
     return {
-        "model_type": str(getattr(args, "model_type", type(model).__name__)),
+        "model_type": model_type(model),
         "weights": _weights_digest(model),
         "dtypes": dtypes,
         "weight_quant": [f"{b}bit/g{g}" for b, g in quant],
@@ -132,20 +130,12 @@ def _key(config: dict, shapes) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _prefill(model, tokens):
-    from .draft import prefill  # draft builds on this module
-
-    cache = make_prompt_cache(model)
-    prefill(model, cache, tokens)
-    return cache
-
-
 def _chain_logits(model, context, tree) -> Dict[int, mx.array]:
     """Each node's logits from single-token steps over its root path, the way
     classic decoding computes them."""
     out = {}
     for leaf in tree.leaves():
-        cache = _prefill(model, context)
+        cache = prefilled(model, context)
         for node in tree.path_to(leaf):
             logits = model(mx.array([[tree.tokens[node]]]), cache=cache)[0, -1]
             if node not in out:
@@ -154,22 +144,19 @@ def _chain_logits(model, context, tree) -> Dict[int, mx.array]:
     return out
 
 
-def vocab_size(model) -> int:
-    """The width of the model's logits (configs spell it differently, and
-    multimodal wrappers nest it), read off one forward."""
-    return int(model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1])
-
-
 def compare_shape(model, parents: Sequence[int], draws: int = DRAWS, seed: int = 0,
-                  context: int = CONTEXT) -> ShapeResult:
-    adapter = adapter_for(model)
+                  context: int = CONTEXT, adapter=None) -> ShapeResult:
+    """Verify ``draws`` random trees of this shape from random prefilled
+    contexts and compare every node byte for byte with single-token steps.
+    ``adapter``: the tree adapter measured (default ``adapter_for(model)``)."""
+    adapter = adapter if adapter is not None else adapter_for(model)
     v = vocab_size(model)
     identical, worst, flips, first = True, 0.0, 0, None
     for d in range(draws):
         rng = random.Random(hash((seed, d, len(parents))) & 0xFFFFFFFF)
         ctx = [rng.randrange(v) for _ in range(context)]
         tree = DraftTree([rng.randrange(v) for _ in parents], parents)
-        cache = _prefill(model, ctx)
+        cache = prefilled(model, ctx)
         got = adapter.verify(tree, cache)
         ref = _chain_logits(model, ctx, tree)
         for i in range(len(tree)):
@@ -197,15 +184,18 @@ def shapes_for(block: int, trees: Sequence[Sequence[int]] = ()) -> List[Tuple[in
 _MEMO: Dict[str, Probe] = {}
 
 
-def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int = 0) -> Probe:
-    """Measure every shape; memoized per (configuration, shapes, draws)."""
+def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int = 0,
+          adapter=None, adapter_name: str = "treespec.verify.adapter_for") -> Probe:
+    """Measure every shape; memoized per (configuration, shapes, draws, the
+    adapter's name). ``adapter``: the tree adapter measured (default
+    ``adapter_for(model)``), named by ``adapter_name`` in the key."""
     shapes = [tuple(s) for s in shapes]
     config = configuration(model)
-    key = _key({**config, "draws": draws, "seed": seed}, shapes)
+    key = _key({**config, "draws": draws, "seed": seed, "adapter": adapter_name}, shapes)
     if key not in _MEMO:
         result = Probe(key, config)
         for s in shapes:
-            result.shapes.append(compare_shape(model, s, draws, seed))
+            result.shapes.append(compare_shape(model, s, draws, seed, adapter=adapter))
         _MEMO[key] = result
     return _MEMO[key]
 
@@ -224,8 +214,9 @@ class Decision:
                 "argmax_flips": self.probe.argmax_flips if self.probe else None}
 
 
-def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS) -> Decision:
-    p = probe(model, shapes, draws)
+def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapter=None,
+           adapter_name: str = "treespec.verify.adapter_for") -> Decision:
+    p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name)
     if p.identical:
         return Decision(True, True, f"probe passed: {len(p.shapes)} shapes bit-identical "
                         f"to single-token steps ({p.config['blas']}, {p.config['device']})", p)

@@ -12,51 +12,28 @@ and mask then behaves as if the other branches had never been drafted.
         logits = verify(...)
     commit_path(cache, offset, path, tree, snapshot=snap, recurrent=rec)
 
-Every layer is validated before any cache is touched: a commit that cannot be
-exact raises ``RollbackRefused`` and leaves every cache as it was.
+How each cache mode commits is its entry in ``treespec.caches``; this module
+validates the path, takes snapshots, records recurrent inputs and runs the
+per-mode plans. Every layer is validated before any cache is touched: a
+commit that cannot be exact raises ``RollbackRefused`` and leaves every cache
+as it was.
 """
 
 import inspect
 from contextlib import contextmanager
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Protocol, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import (
-    ArraysCache,
-    CacheList,
-    ChunkedKVCache,
-    ConcatenateKVCache,
-    KVCache,
-    QuantizedKVCache,
-    RotatingKVCache,
-    make_prompt_cache,
-)
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from .tree import DraftTree, TreeError
+from .caches import Entry, Tail, holds_recurrent, mode_of, plan_commit, refuse
+from .errors import RollbackRefused, TreeError
+from .tree import DraftTree
 
-
-class RollbackRefused(ValueError):
-    """A commit that cannot be exact. Raised before any cache is modified.
-
-    ``cache_class`` and ``layer`` name the cache that refused (None when the
-    path itself is at fault); ``sub`` is the index inside a CacheList."""
-
-    def __init__(self, reason: str, cache_class: Optional[str] = None, where=()):
-        self.reason = reason
-        self.cache_class = cache_class
-        self.layer = where[0] if where else None
-        self.sub = tuple(where[1:])
-        at = ""
-        if cache_class is not None:
-            at = f"{cache_class} at layer {self.layer}"
-            at += "".join(f", CacheList entry {j}" for j in self.sub) + ": "
-        super().__init__(f"rollback refused: {at}{reason}")
-
-
-def _refuse(c, where, reason):
-    raise RollbackRefused(reason, type(c).__name__, where)
+__all__ = ["Captures", "KeptStates", "RollbackRefused", "Snapshot", "capture_recurrent_inputs",
+           "commit_path", "snapshot"]
 
 
 # -- the path ---------------------------------------------------------------
@@ -94,83 +71,7 @@ def _root_path(path, parents) -> np.ndarray:
     return np.array(nodes, dtype=np.int64)
 
 
-class _Tail:
-    """The verified tail of one verify forward and the path kept from it."""
-
-    def __init__(self, offset: int, n: int, path: np.ndarray):
-        self.offset, self.n, self.path, self.k = offset, n, path, len(path)
-        # Rows before the first off-path node already sit in their slot.
-        moved = np.nonzero(path != np.arange(self.k))[0]
-        self.first_moved = int(moved[0]) if moved.size else self.k
-
-
-def _gather(x, start: int, tail: _Tail) -> list:
-    """The rows ``start + path[i]`` (from the first off-path node on) of one
-    array or a quantized (packed, scales, biases) list, still lazy: the rows
-    ``_place`` will write. Reading only those makes the cost O(k) rows
-    whatever the context length."""
-    arrays = list(x) if isinstance(x, (tuple, list)) else [x]
-    f = tail.first_moved
-    if f == tail.k:
-        return []
-    idx = mx.array(start + tail.path[f:], dtype=mx.int32)
-    return [mx.take(a, idx, axis=2) for a in arrays]
-
-
-def _place(x, rows: list, start: int, tail: _Tail, owned: bool = True):
-    """Write gathered ``rows`` to ``start + first_moved ..`` along the time
-    axis (2); returns ``x`` in the same form. ``owned``: the cache allocated
-    these arrays, so they are written in place (rows past the path stay as
-    they were); otherwise (a first update of a concatenating cache stores
-    the caller's array itself) new arrays end after the path."""
-    if not rows:
-        return x
-    arrays = list(x) if isinstance(x, (tuple, list)) else [x]
-    f = tail.first_moved
-    if owned:
-        for a, r in zip(arrays, rows):
-            a[..., start + f : start + tail.k, :] = r
-    else:
-        arrays = [mx.concatenate([a[..., : start + f, :], r], axis=2) for a, r in zip(arrays, rows)]
-    return type(x)(arrays) if isinstance(x, (tuple, list)) else arrays[0]
-
-
-def _move_keys_values(c, start: int, tail: _Tail, owned: bool = True):
-    """``(reads, place)`` for the keys and values of an attention cache:
-    the rows to move, lazy, and ``place()`` -> the (keys, values) with the
-    path's rows at ``start ..``."""
-    rows = _gather(c.keys, start, tail), _gather(c.values, start, tail)
-
-    def place():
-        return (_place(c.keys, rows[0], start, tail, owned),
-                _place(c.values, rows[1], start, tail, owned))
-
-    return rows[0] + rows[1], place
-
-
 # -- snapshots --------------------------------------------------------------
-
-
-class _Entry:
-    """One cache's pre-verify state: references only, never copies."""
-
-    def __init__(self, cache):
-        self.cls = type(cache)
-        self.offset = getattr(cache, "offset", None)
-        if isinstance(cache, CacheList):
-            self.state = [_Entry(c) for c in cache.caches]
-        elif type(cache) is ArraysCache:
-            # GatedDeltaNet & co. assign new arrays into the slots and never
-            # write into the old ones, so the references are a true snapshot.
-            self.state = (list(cache.cache), cache.left_padding, cache.lengths)
-        elif type(cache) is RotatingKVCache:
-            # A multi-token update (_update_concat) builds new arrays, so the
-            # pre-verify ring survives a tree of 2+ nodes untouched.
-            self.state = (cache.keys, cache.values, cache.offset, cache._idx)
-        elif type(cache) is ChunkedKVCache:
-            self.state = cache.start_position
-        else:
-            self.state = None
 
 
 class Snapshot:
@@ -178,7 +79,7 @@ class Snapshot:
 
     def __init__(self, cache: List[Any]):
         self.caches = list(cache)
-        self.entries = [_Entry(c) for c in cache]
+        self.entries = [Entry(c) for c in cache]
 
 
 def snapshot(cache: List[Any]) -> Snapshot:
@@ -189,24 +90,40 @@ def snapshot(cache: List[Any]) -> Snapshot:
 # -- capturing recurrent inputs ---------------------------------------------
 
 
-def _holds_recurrent(c) -> bool:
-    if isinstance(c, CacheList):
-        return any(_holds_recurrent(s) for s in c.caches)
-    return isinstance(c, ArraysCache)
+class KeptStates(Protocol):
+    """Per-node recurrent states a tree-aware recurrence kept during a verify
+    (treespec.verify.gdn_tree.TreeStates): committing a node copies its
+    state instead of replaying the path."""
+
+    def node(self, i: int) -> list:
+        """Node i's slots; raises IndexError for a node the tree lacks."""
+
+    def write(self, cache_entry, i: int) -> None:
+        """Make ``cache_entry`` hold node i's state, as a plain forward over
+        its root path would have left it."""
 
 
 class Captures:
-    """Recurrent mixer calls seen while capturing: (cache, layer, name, args, kwargs)."""
+    """Recurrent mixer calls seen while capturing: (cache, layer, name, args,
+    kwargs), and the per-node states a tree-aware recurrence kept in the same
+    verify (``kept``: cache entry -> KeptStates, by identity)."""
 
     def __init__(self):
         self.calls = []
-        # Set by a tree-aware recurrence that kept every node's state during
-        # the same verify (treespec.verify.gdn_tree.TreeGatedDelta): commit
-        # then copies the last path node's state instead of replaying.
-        self.tree_states = None
+        self.kept = []
 
     def calls_for(self, cache) -> list:
         return [call[1:] for call in self.calls if call[0] is cache]
+
+    def keep(self, cache_entry, states: KeptStates) -> None:
+        self.kept.append((cache_entry, states))
+
+    def kept_for(self, cache_entry) -> Optional[KeptStates]:
+        return next((s for c, s in self.kept if c is cache_entry), None)
+
+    @staticmethod
+    def is_recorder(module) -> bool:
+        return isinstance(module, _Recorder)
 
 
 class _Recorder(nn.Module):
@@ -232,7 +149,7 @@ class _Recorder(nn.Module):
 
     def __call__(self, *args, **kwargs):
         for a in (*args, *kwargs.values()):
-            if isinstance(a, ArraysCache):
+            if mode_of(a).recurrent:
                 self._captures.calls.append((a, *self._where, args, kwargs))
                 break
         return self.inner(*args, **kwargs)
@@ -251,7 +168,7 @@ def _recurrent_mixers(model: nn.Module):
             f"{type(model).__name__} to find its recurrent mixers"
         )
     for layer, c in zip(layers, caches):
-        if not _holds_recurrent(c):
+        if not holds_recurrent(c):
             continue
         for name, child in layer.children().items():
             if isinstance(child, nn.Module) and (
@@ -281,284 +198,7 @@ def capture_recurrent_inputs(model: nn.Module):
             setattr(layer, name, child)
 
 
-# -- per cache mode: validate, then return the mutation ---------------------
-#
-# A planner checks everything about one cache and returns ``prepare`` (see
-# ``_plan``). Nothing is read or mutated until every layer has been planned.
-
-
-def _check_tail(c, where, tail: _Tail):
-    if c.keys is None:
-        _refuse(c, where, "the cache is empty: the verify wrote no tree rows into it")
-    if c.offset != tail.offset + tail.n:
-        _refuse(
-            c,
-            where,
-            f"cache offset {c.offset} is not offset {tail.offset} + {tail.n} tree "
-            f"nodes: the tree rows are not the last rows of this cache",
-        )
-
-
-def _plan_appending(c, where, tail, entry, recurrent, start_position=0):
-    """KVCache, QuantizedKVCache, ChunkedKVCache: rows in time order in a
-    step-allocated buffer; rows past ``offset`` are never read."""
-    _check_tail(c, where, tail)
-    start = tail.offset - start_position
-
-    def prepare():
-        reads, place = _move_keys_values(c, start, tail)
-
-        def write():
-            c.keys, c.values = place()
-            c.offset = tail.offset + tail.k
-            return [c.keys, c.values]
-
-        return reads, write
-
-    return prepare
-
-
-def _plan_chunked(c, where, tail, entry, recurrent):
-    # llama4 builds its chunk mask from flattened row indices, not node
-    # depths, so a tree whose rows straddle a chunk boundary was verified
-    # against the wrong keys. Within one chunk, depth and row agree on it.
-    cs = c.chunk_size
-    first, last = tail.offset, tail.offset + tail.n - 1
-    if first // cs != last // cs:
-        _refuse(
-            c,
-            where,
-            f"the tree's rows {first}..{last} cross a chunk boundary "
-            f"(chunk_size {cs}); the chunk mask cannot be exact for it",
-        )
-    if tail.offset < c.start_position:
-        _refuse(c, where, "the tree rows start before the chunk kept in the cache")
-    if entry is not None:
-        # The forward trims the front once, before its update (llama4 calls
-        # maybe_trim_front); a path fed alone would see that same trim.
-        start0 = entry.state
-        expected = start0 if tail.offset - start0 <= cs else tail.offset - cs
-        if c.start_position != expected:
-            _refuse(
-                c,
-                where,
-                f"start_position {c.start_position} is not the {expected} one forward "
-                "leaves: the tree rows were not written by a single update",
-            )
-    return _plan_appending(c, where, tail, entry, recurrent, c.start_position)
-
-
-def _plan_concatenate(c, where, tail, entry, recurrent):
-    """ConcatenateKVCache returns its whole arrays, so shorten them: moving
-    ``offset`` (what its trim does) would leave the dropped nodes visible."""
-    _check_tail(c, where, tail)
-    if c.keys.shape[2] != c.offset:
-        _refuse(c, where, f"{c.keys.shape[2]} rows stored but offset {c.offset}")
-
-    def prepare():
-        # An empty cache stored the caller's arrays as they are: not ours to write.
-        reads, place = _move_keys_values(c, tail.offset, tail, owned=tail.offset > 0)
-
-        def write():
-            end = tail.offset + tail.k
-            keys, values = place()
-            c.keys, c.values = keys[..., :end, :], values[..., :end, :]
-            c.offset = end
-            return [c.keys, c.values]
-
-        return reads, write
-
-    return prepare
-
-
-def _plan_rotating(c, where, tail, entry, recurrent):
-    """RotatingKVCache, before or after the window wrapped.
-
-    A 1-node tree took ``_update_in_place``: the path is that node, nothing
-    to do. A tree of n >= 2 took ``_update_concat``, which puts the kept
-    history in temporal order, trims it to ``max_size - 1`` rows and appends
-    the n nodes: ``_idx == keys.shape[2] == m + n`` with ``m = min(offset,
-    max_size - 1)`` (every reachable state keeps at least that much
-    history). A k >= 2 path fed alone would leave the same m rows, then the
-    path: keep ``m + k`` rows. A 1-node path fed alone takes
-    ``_update_in_place`` on the pre-verify ring, which ``_update_concat``
-    left untouched: redo that write on it.
-
-    Tree rows written by several updates (a drafter growing its tree) are
-    trimmed or rotated differently; that layout is refused, not guessed."""
-    _check_tail(c, where, tail)
-    if tail.n == 1:
-        return _nothing
-    m = min(tail.offset, c.max_size - 1)
-    if not c._idx == c.keys.shape[2] == m + tail.n:
-        _refuse(
-            c,
-            where,
-            f"_idx {c._idx} with {c.keys.shape[2]} rows is not the layout one "
-            f"{tail.n}-token update leaves ({m} history rows, then the nodes): "
-            "the tree rows were not written by a single update",
-        )
-    if tail.k >= 2:
-
-        def prepare():
-            # An empty cache stored the caller's arrays as they are: not ours to write.
-            reads, place = _move_keys_values(c, m, tail, owned=tail.offset > 0)
-
-            def write():
-                end = m + tail.k
-                keys, values = place()
-                c.keys, c.values = keys[..., :end, :], values[..., :end, :]
-                c._idx, c.offset = end, tail.offset + tail.k
-                return [c.keys, c.values]
-
-            return reads, write
-
-        return prepare
-
-    if entry is None:
-        _refuse(
-            c,
-            where,
-            "a root-only path of a multi-node tree must be rewritten into the "
-            "pre-verify ring; pass snapshot=snapshot(cache) taken before the verify",
-        )
-    keys0, values0, offset0, idx0 = entry.state
-    if offset0 != tail.offset:
-        _refuse(c, where, f"snapshot offset {offset0} is not offset {tail.offset}")
-
-    def prepare():
-        root = [c.keys[..., m : m + 1, :], c.values[..., m : m + 1, :]]
-
-        def write():
-            c.keys, c.values, c.offset, c._idx = keys0, values0, offset0, idx0
-            c._update_in_place(*root)
-            return [c.keys, c.values]
-
-        return root, write
-
-    return prepare
-
-
-def _plan_recurrent(c, where, tail, entry, recurrent):
-    """ArraysCache: restore the pre-verify state, then replay the path's
-    captured inputs through the layer's own mixer, so the state is the one a
-    model that only saw the path would hold."""
-    if entry is None or recurrent is None:
-        _refuse(
-            c,
-            where,
-            "a recurrent state cannot be rolled back without its pre-verify "
-            "snapshot and the captured mixer inputs (pass snapshot= and recurrent=)",
-        )
-    arrays0, left_padding0, lengths0 = entry.state
-    if left_padding0 is not None or lengths0 is not None:
-        _refuse(c, where, "batched recurrent caches (left_padding/lengths) are not supported")
-    calls = recurrent.calls_for(c)
-    if len(calls) != 1:
-        _refuse(
-            c,
-            where,
-            f"captured {len(calls)} calls of its mixer, expected exactly the verify's one",
-        )
-    kept = _kept_states(c, recurrent, tail)
-    if kept is not None:
-        states, commit_node = kept
-
-        def write_kept():
-            c.cache, c.left_padding, c.lengths = list(arrays0), left_padding0, lengths0
-            commit_node(c, states, int(tail.path[-1]))
-            return [a for a in c.cache if a is not None]
-
-        return lambda: ([], write_kept)
-    layer, name, args, kwargs = calls[0]
-    module = getattr(layer, name)
-    if isinstance(module, _Recorder):
-        _refuse(c, where, "commit inside capture_recurrent_inputs: the mixer is still swapped")
-    inputs = args[0] if args else None
-    if not isinstance(inputs, mx.array) or inputs.ndim < 2 or inputs.shape[1] != tail.n:
-        _refuse(c, where, f"the captured mixer input does not hold the {tail.n} tree nodes")
-
-    def replay():
-        idx = mx.array(tail.path, dtype=mx.int32)
-
-        def along_path(a):  # activations and masks carry the nodes on axis 1
-            if isinstance(a, mx.array) and a.ndim >= 2 and a.shape[1] == tail.n:
-                return mx.take(a, idx, axis=1)
-            return a
-
-        c.cache, c.left_padding, c.lengths = list(arrays0), left_padding0, lengths0
-        module(*map(along_path, args), **{k: along_path(v) for k, v in kwargs.items()})
-        return [a for a in c.cache if a is not None]
-
-    return lambda: ([], replay)
-
-
-def _kept_states(c, recurrent, tail):
-    """(states, commit) when the verify kept this layer's per-node states,
-    validated now (before anything is written); None means replay."""
-    strategy = getattr(recurrent, "tree_states", None)
-    if strategy is None or tail.n == 1:
-        return None
-    try:
-        states = strategy.states_for(c)
-    except ValueError:
-        return None  # this layer's states were not kept: the replay is exact too
-    states.node(int(tail.path[-1]))  # raises on a node the tree does not have
-    from .verify.gdn_tree import commit
-
-    return states, commit
-
-
-def _plan_list(c, where, tail, entry, recurrent):
-    subs = entry.state if entry is not None else [None] * len(c.caches)
-    plans = [
-        _plan(s, where + (j,), tail, e, recurrent)
-        for j, (s, e) in enumerate(zip(c.caches, subs))
-    ]
-
-    def prepare():
-        steps = [plan() for plan in plans]
-        return [r for reads, _ in steps for r in reads], lambda: [
-            a for _, write in steps for a in write()
-        ]
-
-    return prepare
-
-
-_PLANNERS = {
-    KVCache: _plan_appending,
-    QuantizedKVCache: _plan_appending,
-    ChunkedKVCache: _plan_chunked,
-    ConcatenateKVCache: _plan_concatenate,
-    RotatingKVCache: _plan_rotating,
-    ArraysCache: _plan_recurrent,
-    CacheList: _plan_list,
-}
-
-
-def _nothing():
-    return [], lambda: []
-
-
-def _plan(c, where, tail, entry, recurrent) -> Callable[[], tuple]:
-    """Validate one cache for this commit (raising before anything is
-    written) and return its ``prepare``: ``prepare()`` queues the lazy reads
-    the commit needs, ``(reads, write)``, and ``write()`` stores the result."""
-    # Exact classes only: a subclass may change the layout we rely on.
-    planner = _PLANNERS.get(type(c))
-    if planner is None:
-        _refuse(c, where, "unknown cache class: no exact rollback is known for it")
-    if entry is not None:
-        if entry.cls is not type(c):
-            _refuse(c, where, f"the snapshot holds a {entry.cls.__name__} here")
-        if entry.offset is not None and entry.offset != tail.offset:
-            _refuse(
-                c,
-                where,
-                f"snapshot offset {entry.offset} is not offset {tail.offset}: "
-                f"the snapshot was not taken right before this verify",
-            )
-    return planner(c, where, tail, entry, recurrent)
+# -- the commit -------------------------------------------------------------
 
 
 def commit_path(
@@ -587,7 +227,7 @@ def commit_path(
     if offset < 0:
         raise RollbackRefused(f"offset {offset} is negative")
     parents = _parents_of(tree)
-    tail = _Tail(int(offset), len(parents), _root_path(path, parents))
+    tail = Tail(int(offset), len(parents), _root_path(path, parents))
     entries = [None] * len(cache)
     if snapshot is not None:
         if len(snapshot.caches) != len(cache):
@@ -596,23 +236,21 @@ def commit_path(
             )
         for i, (c, c0) in enumerate(zip(cache, snapshot.caches)):
             if c is not c0:
-                _refuse(c, (i,), "the snapshot was taken of a different cache object")
+                refuse(c, (i,), "the snapshot was taken of a different cache object")
         entries = snapshot.entries
-    plans = [_plan(c, (i,), tail, e, recurrent) for i, (c, e) in enumerate(zip(cache, entries))]
+    plans = [plan_commit(c, (i,), tail, e, recurrent) for i, (c, e) in enumerate(zip(cache, entries))]
     if tail.first_moved == tail.k and all(type(c) is KVCache for c in cache):
         # An accepted prefix of the node order (every chain round) on plain
-        # KV caches: no row moves and the commit is mlx-lm's trim; the plans
-        # above did the checks. Skipping their closures and two evaluations:
-        # 16.6 -> 12.2 us per call on the 2-layer zoo llama (this CPU), and
-        # no evaluation call at all, which on CUDA may synchronize.
+        # KV caches: no row moves and the commit is mlx-lm's trim (the plans
+        # above did the checks), with no evaluation at all, which on CUDA
+        # may synchronize.
         for c in cache:
             c.offset = tail.offset + tail.k
         return tail.k
     steps = [plan() for plan in plans]
-    # Every layer's reads in one sync, before any write: while a read is
-    # pending, a slice update cannot reuse its buffer and copies the whole
-    # context (30 ms, not 0.2, at 8k); and a sync per layer cost a tree round
-    # 3-5 ms of commit on the H200 (16 layers; the chain's trim needs none).
+    # Every layer's reads in one evaluation, before any write: while a read
+    # is pending, a slice update cannot reuse its buffer and copies the whole
+    # context; and one evaluation per layer would synchronize once per layer.
     mx.eval([r for reads, _ in steps for r in reads])
     mx.eval([a for _, write in steps for a in write()])
     return tail.k

@@ -19,10 +19,11 @@ import argparse
 from typing import List, Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .costcurve import build_llama, parse_dims
+from .models import n_params
+from .rounds import classic
 
 
 # The pair the H200 figures in README.md were taken on (teacher-forced greedy
@@ -68,16 +69,10 @@ def build_pair(hidden: int = 2048, layers: int = 16, draft_layers: int = 2,
     return target, draft
 
 
-def n_params(model: nn.Module) -> int:
-    return sum(v.size for _, v in tree_flatten(model.parameters()))
-
-
 def agreement(target, draft, prompts: Sequence[Sequence[int]], tokens: int = 64) -> float:
     """Share of positions of the target's greedy continuation where the
     drafter, fed the same text (teacher forcing), predicts the same token:
     the per-token acceptance a greedy chain sees."""
-    from .decode import classic
-
     hits = total = 0
     for prompt in prompts:
         cont = classic(target, prompt, tokens).tokens

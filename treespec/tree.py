@@ -15,9 +15,7 @@ from typing import Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
-
-class TreeError(ValueError):
-    """A malformed tree. The message names the offending node."""
+from .errors import TreeError
 
 
 def _as_token(value, node: int) -> int:

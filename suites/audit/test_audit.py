@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from suites.audit.defects import DEFECTS
+from suites.audit.helpers_defects import DEFECTS
 from treespec import audit, cli, zoo
 
 pytestmark = pytest.mark.exactness
@@ -75,7 +75,7 @@ def test_gemma_probe_names_the_key_order_case(capsys):
 def test_audit_fails_on_a_planted_defect_and_names_it(defect, capsys):
     family, must_fail, must_pass = DEFECTS[defect]
     rc, report = run_json(capsys, "--model", zoo.checkpoint(family),
-                          "--adapter", f"suites.audit.defects:{defect}")
+                          "--adapter", f"suites.audit.helpers_defects:{defect}")
     lines = "\n".join(f"{c['name']}: {c['status']}: {c['detail']}" for c in report["checks"])
     failed = failed_props(report)
     assert rc == 1 and not report["ok"], lines
@@ -90,7 +90,7 @@ def test_audit_fails_on_a_planted_defect_and_names_it(defect, capsys):
 
 def test_allow_inexact_reports_differences_within_tolerance_as_inexact(capsys):
     """--allow-inexact does not hide a difference: it is measured and shown."""
-    args = ["--model", zoo.checkpoint("llama"), "--adapter", "suites.audit.defects:causal_mask",
+    args = ["--model", zoo.checkpoint("llama"), "--adapter", "suites.audit.helpers_defects:causal_mask",
             "--only", "tree-verify,probe"]
     rc, strict = run_json(capsys, *args)
     rc_loose, loose = run_json(capsys, *args, "--allow-inexact", "--tolerance", "1e9")
@@ -104,9 +104,9 @@ def test_allow_inexact_reports_differences_within_tolerance_as_inexact(capsys):
 def test_the_real_adapter_through_the_adapter_option_passes(capsys):
     """The control for the defects: --adapter itself changes nothing."""
     rc, report = run_json(capsys, "--model", zoo.checkpoint("llama"),
-                          "--adapter", "suites.audit.defects:real")
+                          "--adapter", "suites.audit.helpers_defects:real")
     assert rc == 0, report["failed"]
-    assert report["header"]["adapter_source"] == "suites.audit.defects:real"
+    assert report["header"]["adapter_source"] == "suites.audit.helpers_defects:real"
 
 
 def test_a_refused_family_fails_the_adapter_property(tmp_path, capsys):
@@ -129,7 +129,7 @@ def test_usage_errors_exit_2(capsys):
     llama = str(zoo.checkpoint("llama"))
     assert cli.main(["audit", "--model", llama, "--adapter", "no_colon"]) == 2
     assert "module:attr" in capsys.readouterr().err
-    assert cli.main(["audit", "--model", llama, "--adapter", "suites.audit.defects:nope"]) == 2
+    assert cli.main(["audit", "--model", llama, "--adapter", "suites.audit.helpers_defects:nope"]) == 2
     assert "AttributeError" in capsys.readouterr().err
     assert cli.main(["audit", "--model", llama, "--only", "speed"]) == 2
     assert "unknown properties" in capsys.readouterr().err
@@ -139,7 +139,7 @@ def test_the_cli_as_a_subprocess_prints_the_table_and_exits_1():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "treespec", "audit", "--model", str(zoo.checkpoint("llama")),
-         "--adapter", "suites.audit.defects:tail_trim"],
+         "--adapter", "suites.audit.helpers_defects:tail_trim"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout
@@ -157,7 +157,7 @@ def test_pytest_options_audit_a_user_checkpoint():
     cmd = [sys.executable, "-m", "pytest", "suites/audit/test_user_model.py", "-q",
            "-p", "no:cacheprovider", "-p", "no:xdist", "-m", "exactness",
            "--target-model", str(zoo.checkpoint("llama")),
-           "--adapter", "suites.audit.defects:last_sibling"]
+           "--adapter", "suites.audit.helpers_defects:last_sibling"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert f"1 failed, {len(audit.PROPERTIES) - 1} passed" in proc.stdout, proc.stdout[-3000:]

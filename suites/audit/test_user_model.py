@@ -9,7 +9,7 @@ own function for it; skipped when no --target-model is given."""
 import pytest
 
 from treespec import audit
-from treespec.cli import CliError
+from treespec.errors import UsageError
 
 pytestmark = pytest.mark.exactness
 
@@ -23,7 +23,7 @@ def subject(request):
                     "audits that checkpoint")
     try:
         return audit.subject(path, opt("--draft-model"), opt("--adapter"))
-    except CliError as e:
+    except UsageError as e:
         raise pytest.UsageError(str(e))
 
 

@@ -275,7 +275,7 @@ def test_decode_kwargs_of_each_kind():
 @pytest.mark.slow
 def test_choose_on_the_trained_pair_returns_a_decodable_choice_with_its_reasons():
     from treespec.auto import choose
-    from treespec.cli import load_default_pair
+    from treespec.checkpoints import load_default_pair
     from treespec.decode import decode
 
     target, draft, tok = load_default_pair()

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from treespec import bench as B
+from treespec import bench_cli
 from treespec import bench_report as R
-from treespec.cli import build_parser, default_pair, load_default_pair
+from treespec.checkpoints import default_pair, load_default_pair
+from treespec.cli import build_parser
 from treespec.gate import Decision
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +53,7 @@ def test_trees_parse_parent_lists_told_apart_by_the_roots_minus_one():
 
 def test_the_bench_command_and_its_defaults():
     args = build_parser().parse_args(["bench"])
-    assert args.func is B.cmd_bench
+    assert args.func is bench_cli.cmd_bench
     assert args.blocks == [2, 3, 4, 5, 6, 7, 8]
     assert args.trees == [(2, 1, 1), (2, 2, 1), (3, 1, 1, 1)]
     assert (args.prompts, args.repeats, args.model, args.plot) == (3, 5, None, None)

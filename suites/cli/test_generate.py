@@ -10,7 +10,8 @@ import mlx_lm
 import pytest
 
 from treespec import zoo
-from treespec.cli import default_pair, main
+from treespec.checkpoints import default_pair
+from treespec.cli import main
 from treespec.decode import decode, detokenize
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,8 @@ a leaf the draft never fed and rounds cut short by max_tokens."""
 
 import pytest
 
-from suites.verify import support
+from suites.verify import helpers
+from treespec import caches
 from treespec.draft import DeviceRound, FixedTreeDrafter
 
 pytestmark = pytest.mark.exactness
@@ -21,8 +22,8 @@ SHAPES = {
 @pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
 def test_a_parent_list_is_kept_in_level_order_so_the_probed_shapes_are_the_verified_trees(
         on_device):
-    model = support.model("llama")
-    prompt = list(support.tokens(8, seed=2))
+    model = helpers.model("llama")
+    prompt = list(helpers.tokens(8, seed=2))
     drafter = FixedTreeDrafter(**SHAPES["parents"])
     drafter.on_device = on_device
     drafter.start(model, prompt[:-1])
@@ -47,8 +48,8 @@ def deepest_path(tree, last_child: bool):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape):
-    model = support.model(family)
-    prompt = list(support.tokens(12, seed=3))
+    model = helpers.model(family)
+    prompt = list(helpers.tokens(12, seed=3))
     device, host = FixedTreeDrafter(**shape), FixedTreeDrafter(**shape)
     host.on_device = False
     for d in (device, host):
@@ -65,27 +66,26 @@ def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape)
         for d, r in ((device, a), (host, b)):
             d.commit(r, path)
         assert device.pending == host.pending
-        assert support.snapshot(device.cache) == support.snapshot(host.cache)
+        assert helpers.fingerprint(device.cache) == helpers.fingerprint(host.cache)
         root = a.tree.tokens[path[-1]]
 
 
 def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():
     """limit 0 (max_tokens reached) takes the host path: the accepted leaf
     the device round never fed must still reach the draft cache."""
-    from treespec.draft import cache_offset
 
-    model = support.model("llama")
-    prompt = list(support.tokens(8, seed=1))
+    model = helpers.model("llama")
+    prompt = list(helpers.tokens(8, seed=1))
     drafter = FixedTreeDrafter(branching=[2, 1])
     drafter.start(model, prompt[:-1])
     rnd = drafter.draft(prompt[-1])
     drafter.commit(rnd, [0, 1, 3])  # node 3: a leaf the draft never fed
     assert drafter.pending == [rnd.tree.tokens[3]]
-    assert cache_offset(drafter.cache) == len(prompt) + 1  # + root and node 1
+    assert caches.offset(drafter.cache) == len(prompt) + 1  # + root and node 1
     tiny = drafter.draft(rnd.tree.tokens[3], limit=0)
     drafter.commit(tiny, [0])
     assert len(tiny.tree) == 1 and drafter.pending == []
-    assert cache_offset(drafter.cache) == len(prompt) + 3  # + the leaf and the new root
+    assert caches.offset(drafter.cache) == len(prompt) + 3  # + the leaf and the new root
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 40])
@@ -112,8 +112,8 @@ def test_each_nodes_children_are_the_drafts_best_tokens_best_first(on_device, sh
     import mlx.core as mx
     import numpy as np
 
-    model = support.model("llama")
-    prompt = list(support.tokens(8, seed=4))
+    model = helpers.model("llama")
+    prompt = list(helpers.tokens(8, seed=4))
     drafter = FixedTreeDrafter(**shape)
     drafter.on_device = on_device
     drafter.start(model, prompt[:-1])

@@ -13,7 +13,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache
 
-from treespec.decode import greedy_readout
+from treespec.rounds import greedy_readout
 
 pytestmark = pytest.mark.exactness
 

@@ -7,21 +7,21 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import ArraysCache
 
-from suites.hybrid import _harness as H
+from suites.hybrid import helpers as H
+from treespec.errors import TreeRefused
 from treespec.tree import DraftTree
-from treespec.verify.gdn_tree import (
+from treespec.verify import adapter_for, register_recurrent
+from treespec.verify import recurrent as rec
+from treespec.verify.footprint import (
     DEFAULT_MAX_TREE_STATE_BYTES,
     MAX_BYTES_ENV,
-    TreeGatedDelta,
-    TreeGatedDeltaNet,
-    TreeRefused,
     _parse_bytes,
     check_tree_footprint,
     footprint_breakdown,
-    recurrent_mixers,
     state_footprint,
-    tree_recurrence,
 )
+from treespec.verify.gdn_tree import TreeGatedDelta, TreeGatedDeltaNet, tree_recurrence
+from treespec.verify.mixers import recurrent_mixers
 
 pytestmark = pytest.mark.exactness
 
@@ -136,23 +136,26 @@ def test_tree_recurrence_refuses_and_restores():
     assert _state(model, cache) == before
 
 
-def test_the_adapter_hook_registers():
-    from treespec.verify import adapter_for, recurrent as rec
-    from treespec.verify.gdn_tree import register
+def test_a_registered_factory_gives_each_adapter_its_own_strategy():
+    saved = rec._RECURRENT["gated_delta"]
+    made = []
 
-    saved = rec._RECURRENT.get("gated_delta")
+    def factory():
+        made.append(TreeGatedDelta())
+        return made[-1]
+
     try:
-        strategy = register()
+        register_recurrent("gated_delta", factory)
         model = H.build("qwen3_5")
-        assert adapter_for(model).recurrent is strategy
+        a, b = adapter_for(model), adapter_for(model)
+        assert (a.recurrent, b.recurrent) == (made[0], made[1]) and made[0] is not made[1]
         cache = H.prefill(model, [7, 7])
-        logits = adapter_for(model).verify(DraftTree([1, 2, 3], [-1, 0, 0]), cache)
-        assert logits.shape[0] == 3 and strategy._last is not None
-        assert len(strategy.states_for(cache[0])) == 3
-        with pytest.raises(ValueError):
-            strategy.states_for(cache[3])  # the attention layer's KVCache
-        strategy.commit(cache, [0, 2])
-        assert strategy._last is None
+        tree = DraftTree([1, 2, 3], [-1, 0, 0])
+        mx.eval(a.verify(tree, cache))
+        assert made[0]._last is None, "the verify handed its kept states to the commit"
+        a.commit(cache, tree, [0, 2])
+        # A strategy object would be shared by every adapter: refused.
+        with pytest.raises(TypeError, match="factory"):
+            register_recurrent("gated_delta", TreeGatedDelta())
     finally:
         rec._RECURRENT["gated_delta"] = saved
-    mx.eval(logits)

@@ -10,14 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import ArraysCache
 
-from suites.hybrid import _harness as H
-from suites.strategies import branching_trees, trees
+from suites.hybrid import helpers as H
+from suites.helpers_strategies import branching_trees, trees
 from treespec.tree import DraftTree
 from treespec.verify.gdn_tree import (
     TreeGatedDeltaNet,
     TreeRefused,
     _slots_fn,
-    commit,
     tree_mixer_forward,
 )
 
@@ -61,7 +60,7 @@ def test_every_node_equals_a_plain_forward_over_its_root_path(family, tree, pref
 
 @pytest.mark.parametrize("family", H.LAYER_FAMILIES)
 def test_the_per_node_slot_table_matches_the_cache(family):
-    # state_footprint and the family table in gdn_tree rest on these shapes.
+    # state_footprint and the mixer table (treespec.verify.mixers) rest on these shapes.
     m, slots = H.mixer(family)
     cache = H.mixer_cache(m, slots, 3, 0)
     assert [tuple(a.shape[1:]) for a in cache.cache] == [tuple(s) for s in _slots_fn(m)(m)]
@@ -92,7 +91,7 @@ def test_commit_equals_a_cache_that_only_saw_the_path(family, tree, prefix, seed
 
     wrapper = TreeGatedDeltaNet(m, tree)
     wrapper(x, cache.make_mask(len(tree)), cache)
-    commit(cache, wrapper, node)
+    wrapper.states.write(cache, node)
     assert H.same_arrays_cache(cache, ref)
 
     steps = mx.random.normal((k, 1, 1, H.D_MODEL), key=mx.random.key(seed + 2))
@@ -136,7 +135,7 @@ def test_single_node_and_chain_are_plain_forwards():
         got, states = tree_mixer_forward(m, x[:, :n], tree, cache)
         assert mx.array_equal(want, got).item()
         c = _copy(cache)
-        commit(c, states, n - 1)
+        states.write(c, n - 1)
         assert H.same_arrays_cache(c, ref)
 
 
@@ -148,9 +147,7 @@ def test_commit_validates_before_writing():
     _, states = tree_mixer_forward(m, x, tree, cache)
     before = list(cache.cache)
     with pytest.raises(IndexError):
-        commit(cache, states, 3)
-    with pytest.raises(ValueError):
-        commit(cache, TreeGatedDeltaNet(m, tree), 0)  # nothing ran through it
+        states.write(cache, 3)
     assert all(a is b for a, b in zip(cache.cache, before))
 
 

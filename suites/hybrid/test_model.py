@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import ArraysCache
 
-from suites.hybrid import _harness as H
-from suites.strategies import branching_trees, trees
-from treespec.verify.gdn_tree import TreeGatedDelta, footprint_breakdown
+from suites.hybrid import helpers as H
+from suites.helpers_strategies import branching_trees, trees
+from treespec.verify import adapter_for
+from treespec.verify.footprint import footprint_breakdown
+from treespec.verify.gdn_tree import TreeGatedDelta
 
 pytestmark = pytest.mark.exactness
 
@@ -58,14 +60,13 @@ def test_commit_then_decode_equals_a_model_that_only_saw_the_path(variant, tree,
     model = H.build(*variant)
     cache = H.prefill(model, prompt)
     base = H.snapshot(cache)
-    offsets = [getattr(c, "offset", 0) for c in cache]
-    strategy = TreeGatedDelta()
-    logits = H.verify(model, tree, cache, strategy)
+    adapter = adapter_for(model, recurrent=TreeGatedDelta())
+    logits = adapter.verify(tree, cache)
     node = pick % len(tree)
     path = tree.path_to(node)
-
-    strategy.commit(cache, path)  # recurrent layers: no replay
-    H.commit_kv(cache, tree, node, offsets)  # attention layers: gather rows
+    # Recurrent layers take the node's kept state (no replay), attention
+    # layers gather the path's rows.
+    adapter.commit(cache, tree, path)
     want_logits, ref = H.path_logits(model, base, _path_tokens(tree, node))
     assert mx.array_equal(logits[node], want_logits).item()
     for i, (a, b) in enumerate(zip(cache, ref)):
@@ -104,7 +105,7 @@ def test_footprint_is_the_memory_the_states_hold(variant):
     model = H.build(*variant)
     cache = H.prefill(model, [1, 2, 3])
     tree = H.DraftTree([4, 5, 6, 7, 8, 9, 10], [-1, 0, 0, 1, 2, 2, 5])
-    strategy = TreeGatedDelta()
-    H.verify(model, tree, cache, strategy)
-    held = sum(a.nbytes for w in strategy._last[2].wrappers.values() for a in w.states.arrays())
+    adapter = adapter_for(model, recurrent=TreeGatedDelta())
+    mx.eval(adapter.verify(tree, cache))
+    held = sum(a.nbytes for _, states in adapter._last.captures.kept for a in states.arrays())
     assert held == footprint_breakdown(model, len(tree))["total_bytes"]

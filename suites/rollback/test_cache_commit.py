@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from suites.rollback.caches import (
+from suites.rollback.helpers_caches import (
     BUSH,
     MODES,
     assert_same,

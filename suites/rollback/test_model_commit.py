@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
-from suites.rollback.caches import BUSH, assert_same, fingerprint, observe, tree_and_path
-from suites.rollback.models import (
+from suites.rollback.helpers_caches import BUSH, assert_same, fingerprint, observe, tree_and_path
+from suites.rollback.helpers_models import (
     OTHER_RECURRENT,
     RECURRENT,
     SETUPS,

@@ -24,8 +24,8 @@ from mlx_lm.models.cache import (
     RotatingKVCache,
 )
 
-from suites.rollback.caches import BUSH, Mode, feed, fingerprint, rows
-from suites.rollback.models import make_caches, model, prefill
+from suites.rollback.helpers_caches import BUSH, Mode, feed, fingerprint, rows
+from suites.rollback.helpers_models import make_caches, model, prefill
 from treespec.rollback import Captures, RollbackRefused, commit_path, snapshot
 from treespec.tree import DraftTree
 

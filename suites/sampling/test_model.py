@@ -15,9 +15,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from suites.sampling import models
-from suites.sampling.stats import gof
-from suites.sampling.test_rule import ALPHA
+from suites.sampling import helpers_models as models
+from suites.sampling.helpers_stats import gof
+from suites.sampling.helpers import ALPHA
 from treespec.decode import decode
 from treespec.draft import ChainDrafter
 from treespec.sampling import (

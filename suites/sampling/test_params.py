@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repetition_penalty
 
-from suites.sampling import harness as H
-from suites.sampling.stats import gof
-from suites.sampling.test_rule import ALPHA, FILTERED, N, NUCLEUS, T1
+from suites.sampling import helpers as H
+from suites.sampling.helpers_stats import gof
+from suites.sampling.helpers import ALPHA, FILTERED, N, NUCLEUS, T1
 from treespec.sampling import SamplingParams, SamplingRefused, refuse_logits_processors
 
 pytestmark = pytest.mark.exactness

@@ -43,19 +43,14 @@ draw, is wrong and caught.
 import numpy as np
 import pytest
 
-from suites.sampling import harness as H
-from suites.sampling.stats import gof, homogeneity
+from suites.sampling import helpers as H
+from suites.sampling.helpers_stats import gof, homogeneity
 from treespec.sampling import verify_children
 
 pytestmark = pytest.mark.exactness
 
-ALPHA = 1e-4
-N = 100_000
-
-T1 = H.Sampling()
-FILTERED = H.Sampling(0.7, top_k=5, top_p=0.9)
-NUCLEUS = H.Sampling(1.3, top_p=0.8, min_p=0.05)
-TIGHT = H.Sampling(0.5, top_k=3)
+ALPHA, N = H.ALPHA, H.N
+T1, FILTERED, NUCLEUS, TIGHT = H.T1, H.FILTERED, H.NUCLEUS, H.TIGHT
 
 SCENARIOS = {
     "chain-b4-T1": ((1, 1, 1), T1),

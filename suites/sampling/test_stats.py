@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from suites.sampling.stats import chi2_sf, gof, homogeneity
+from suites.sampling.helpers_stats import chi2_sf, gof, homogeneity
 
 pytestmark = pytest.mark.exactness
 

@@ -7,23 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mlx_lm.models.base import create_causal_mask
 
-from suites.strategies import linear_trees, offsets, trees, windows
+from suites.helpers_strategies import linear_trees, offsets, trees, windows
+from suites.topology.helpers import ancestors_of, depth_of
 from treespec.tree import DraftTree
 
 pytestmark = pytest.mark.exactness
-
-
-def ancestors_of(parents, i):
-    """Naive: chase parent links; the node itself included."""
-    seen = set()
-    while i != -1:
-        seen.add(i)
-        i = parents[i]
-    return seen
-
-
-def depth_of(parents, i):
-    return len(ancestors_of(parents, i)) - 1
 
 
 @given(linear_trees(max_nodes=40), offsets, windows)

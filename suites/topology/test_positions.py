@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from suites.strategies import branching_trees, offsets, trees
-from suites.topology.test_masks import depth_of
+from suites.helpers_strategies import branching_trees, offsets, trees
+from suites.topology.helpers import depth_of
 
 pytestmark = pytest.mark.exactness
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.models.cache import KVCache
 
-from suites.strategies import VOCAB, linear_trees, target_tokens_for, trees
+from suites.helpers_strategies import VOCAB, linear_trees, target_tokens_for, trees
 from treespec.tree import DraftTree
 from treespec.walk import chain_walk, tree_walk
 

@@ -6,8 +6,8 @@ array byte, every offset), on attention-only and hybrid recurrent models."""
 import mlx.core as mx
 import pytest
 
-from suites.verify import support
-from suites.verify.support import CONFIGS, KV_QUANT, clone, config_id, max_abs_diff, plain_rows, snapshot
+from suites.verify import helpers
+from suites.verify.helpers import CONFIGS, KV_QUANT, clone, config_id, max_abs_diff, plain_rows, fingerprint
 from treespec.verify import adapter_for
 
 pytestmark = pytest.mark.exactness
@@ -15,22 +15,22 @@ pytestmark = pytest.mark.exactness
 
 def _cases():
     for cfg in CONFIGS + KV_QUANT:
-        hists = support.histories(cfg[0], cfg[3] if len(cfg) > 3 else None)
+        hists = helpers.histories(cfg[0], cfg[3] if len(cfg) > 3 else None)
         for hist in (hists[1], hists[3], hists[4]):  # short, wrapped by prompt, by steps
-            for name, tree in support.linear_trees(cfg[0]).items():
+            for name, tree in helpers.linear_trees(cfg[0]).items():
                 yield pytest.param(cfg[:3], hist, tree, id=f"{config_id(cfg)}-h{hist.offset}-{name}")
 
 
 @pytest.mark.parametrize("cfg, hist, tree", list(_cases()))
 def test_a_linear_tree_verifies_exactly_as_mlx_lm_chain_verify(cfg, hist, tree):
-    model = support.model(*cfg)
+    model = helpers.model(*cfg)
     cache = hist.replay(model)
     chain_cache = clone(cache)
     chain = plain_rows(model, chain_cache, tree.tokens)
     logits = adapter_for(model).verify(tree, cache)
     mx.eval(logits)
     assert mx.array_equal(chain, logits), max_abs_diff(chain, logits)
-    assert snapshot(cache) == snapshot(chain_cache)
+    assert fingerprint(cache) == fingerprint(chain_cache)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_5"])
@@ -40,8 +40,8 @@ def test_a_chain_verified_on_device_tokens_equals_one_verified_on_its_tree(famil
     Same logits, same caches, and the commit takes the tree once known."""
     from treespec.tree import DraftTree
 
-    model = support.model(family)
-    cache = support.history(9).replay(model)
+    model = helpers.model(family)
+    cache = helpers.history(9).replay(model)
     lazy_cache = clone(cache)
     tree = DraftTree.linear([3, 17, 42, 8])
     adapter, lazy = adapter_for(model), adapter_for(model)
@@ -52,25 +52,25 @@ def test_a_chain_verified_on_device_tokens_equals_one_verified_on_its_tree(famil
     assert mx.array_equal(want, got)
     adapter.commit(cache, tree, [0, 1])
     lazy.commit(lazy_cache, tree, [0, 1])
-    assert snapshot(cache) == snapshot(lazy_cache)
+    assert fingerprint(cache) == fingerprint(lazy_cache)
 
 
 def test_device_tokens_of_the_wrong_length_are_refused_before_any_write():
     from treespec.tree import DraftTree
 
-    model = support.model("llama")
-    cache = support.history(6).replay(model)
-    before = snapshot(cache)
+    model = helpers.model("llama")
+    cache = helpers.history(6).replay(model)
+    before = fingerprint(cache)
     with pytest.raises(ValueError, match="tokens has shape"):
         adapter_for(model).verify(DraftTree.linear([1, 2, 3]), cache, tokens=mx.array([1, 2]))
-    assert snapshot(cache) == before
+    assert fingerprint(cache) == before
 
 
 def test_a_commit_of_another_topology_than_the_verify_is_refused():
     from treespec.tree import DraftTree
 
-    model = support.model("llama")
-    cache = support.history(6).replay(model)
+    model = helpers.model("llama")
+    cache = helpers.history(6).replay(model)
     adapter = adapter_for(model)
     adapter.verify(DraftTree.linear([1, 2, 3]), cache)
     with pytest.raises(ValueError, match="tree of the last verify"):

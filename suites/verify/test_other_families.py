@@ -9,9 +9,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import _get_classes
 
-from suites.verify import support
-from suites.verify.support import clone
-from suites.verify.test_root_paths import assert_rows_are_root_path_forwards
+from suites.verify import helpers
+from suites.verify.helpers import clone, assert_rows_are_root_path_forwards
 from treespec.tree import DraftTree
 from treespec.verify import FAMILIES, adapter_for
 
@@ -64,9 +63,9 @@ def test_a_family_with_the_same_pattern_verifies_exactly(family):
         names = {type(m["rope"]).__name__ for _, m in model.named_modules() if "rope" in m}
         assert ROPES[family] in names
     adapter = adapter_for(model)
-    tree = DraftTree(support.tokens(10, 5), [-1, 0, 0, 1, 1, 3, 3, 4, 6, 2])
+    tree = DraftTree(helpers.tokens(10, 5), [-1, 0, 0, 1, 1, 3, 3, 4, 6, 2])
     tree = DraftTree([t % 128 for t in tree.tokens], tree.parents)
-    for hist in (support.history(0), support.history(4), support.history(3, 9)):
+    for hist in (helpers.history(0), helpers.history(4), helpers.history(3, 9)):
         hist = type(hist)(tuple(t % 128 for t in hist.prompt), tuple(t % 128 for t in hist.steps))
         cache = hist.replay(model)
         before = clone(cache)

@@ -5,16 +5,18 @@ see each other's patches."""
 
 import pytest
 
-from suites.verify import support
-from suites.verify.support import clone
-from suites.verify.test_root_paths import assert_rows_are_root_path_forwards
+from suites.verify import helpers
+from suites.verify.helpers import clone, assert_rows_are_root_path_forwards
 from treespec import zoo
 from treespec.verify import adapter_for
-from treespec.verify.attention import ATTENTION_CACHES, TreeRoPE, rope_owners
+from treespec.caches import MODES, attention_caches
+from treespec.verify.attention import TreeRoPE, rope_owners
+
+ATTENTION_CACHES = tuple(k for k, mode in MODES.items() if mode.attention)
 
 pytestmark = pytest.mark.exactness
 
-TREE = support.branching_trees("gemma3_text")["bushy"]
+TREE = helpers.branching_trees("gemma3_text")["bushy"]
 CLASS_MAKE_MASK = {k: k.__dict__.get("make_mask") for k in ATTENTION_CACHES}
 
 
@@ -36,16 +38,16 @@ class Boom(Exception):
 
 @pytest.mark.parametrize("family", ["gemma3_text", "qwen3_next"])
 def test_nothing_stays_patched_after_a_verify_that_raised(family):
-    model = support.model(family)
+    model = helpers.model(family)
     adapter = adapter_for(model)
     # Branching on both: a chain is a plain forward with nothing to inject,
     # and the hybrid's branching tree also swaps its recurrent mixers.
     tree = TREE
-    cache = support.histories(family)[3].replay(model)
+    cache = helpers.histories(family)[3].replay(model)
     before_ropes = ropes(model)
     # The last attention cache raises mid-forward: masks and ropes are
     # injected by then (the earlier layers already ran).
-    victim = [c for c in cache if isinstance(c, ATTENTION_CACHES)][-1]
+    victim = attention_caches(cache)[-1]
 
     def explode(keys, values):
         assert any(isinstance(r, TreeRoPE) for _, r in ropes(model)), "not injected yet"
@@ -58,16 +60,16 @@ def test_nothing_stays_patched_after_a_verify_that_raised(family):
     assert_unpatched(model, cache, before_ropes)
 
     # And the model still verifies exactly afterwards.
-    cache = support.histories(family)[3].replay(model)
+    cache = helpers.histories(family)[3].replay(model)
     before = clone(cache)
     assert_rows_are_root_path_forwards(model, before, tree, adapter.verify(tree, cache))
 
 
 def test_nothing_stays_patched_after_a_verify():
-    model = support.model("gemma4_text")
-    cache = support.histories("gemma4_text")[4].replay(model)
+    model = helpers.model("gemma4_text")
+    cache = helpers.histories("gemma4_text")[4].replay(model)
     before_ropes = ropes(model)
-    adapter_for(model).verify(support.branching_trees("gemma4_text")["fan"], cache)
+    adapter_for(model).verify(helpers.branching_trees("gemma4_text")["fan"], cache)
     assert_unpatched(model, cache, before_ropes)
 
 
@@ -75,12 +77,12 @@ def test_a_target_and_its_drafter_verified_together_do_not_interfere():
     """The drafter verifies its own tree from inside the target's forward
     (the tightest interleaving two adapters can have): each sees only its own
     patches, and both results are exact."""
-    target, drafter = support.model("llama"), zoo.drafter("llama")
+    target, drafter = helpers.model("llama"), zoo.drafter("llama")
     t_ad, d_ad = adapter_for(target), adapter_for(drafter)
-    hist = support.history(7)
+    hist = helpers.history(7)
     t_cache, d_cache = hist.replay(target), hist.replay(drafter)
     t_before, d_before = clone(t_cache), clone(d_cache)
-    d_tree = support.branching_trees("llama")["two-chains"]
+    d_tree = helpers.branching_trees("llama")["two-chains"]
     d_ropes = ropes(drafter)
     inner = {}
 

@@ -15,9 +15,9 @@ from mlx_lm.models.cache import (
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 from mlx_lm.utils import _get_classes
 
-from suites.verify import support
-from suites.verify.support import HYBRID, clone, snapshot
-from suites.verify.test_root_paths import assert_rows_are_root_path_forwards
+from suites.verify import helpers
+from suites.verify.helpers import (HYBRID, assert_refused_untouched,
+                                   assert_rows_are_root_path_forwards, clone, fingerprint)
 from treespec import zoo
 from treespec.tree import DraftTree
 from treespec.verify import ChainOnly, TreeRefused, adapter_for
@@ -25,16 +25,6 @@ from treespec.verify import ChainOnly, TreeRefused, adapter_for
 pytestmark = pytest.mark.exactness
 
 BRANCHING = DraftTree([5, 6, 7, 8], [-1, 0, 0, 1])
-
-
-def assert_refused_untouched(adapter, tree, cache, *words, start=0):
-    before = snapshot(cache)
-    with pytest.raises(TreeRefused) as err:
-        adapter.verify(tree, cache, start=start)
-    assert snapshot(cache) == before
-    for w in (adapter.model_type, *words):
-        assert w in str(err.value), (w, str(err.value))
-    return err.value
 
 
 def test_tree_refused_is_a_value_error():
@@ -48,8 +38,8 @@ def test_a_branching_tree_through_a_chain_only_recurrence_is_refused_and_caches_
 ):
     # The default for gated-delta layers is the tree-aware recurrence
     # (suites/hybrid); a recurrence without one must refuse, never flatten.
-    model = support.model(family)
-    cache = support.history(offset).replay(model)
+    model = helpers.model(family)
+    cache = helpers.history(offset).replay(model)
     adapter = adapter_for(model, recurrent=ChainOnly("GatedDeltaNet"))
     adapter.check(DraftTree.linear([1, 2, 3]), cache)  # chains are fine
     err = assert_refused_untouched(adapter, BRANCHING, cache, "GatedDeltaNet", "branching")
@@ -77,7 +67,7 @@ class HomemadeRoPE(nn.Module):
 def test_an_unsupported_rope_is_refused_and_caches_unchanged(rope, words):
     model = fresh_llama()
     adapter = adapter_for(model)
-    cache = support.history(6).replay(model)
+    cache = helpers.history(6).replay(model)
     model.model.layers[1].self_attn.rope = rope
     assert_refused_untouched(adapter, BRANCHING, cache, "layers.1.self_attn.rope", *words)
     # adapter_for refuses it up front too
@@ -111,31 +101,31 @@ def test_a_wrapped_rotating_cache_with_kept_tokens_is_refused():
     own chain verify too) drops them for later queries while one-token
     decoding attends to them (measured: logits differ by up to 3.9). Before
     the wrap the same cache verifies exactly."""
-    model = support.model("llama")
+    model = helpers.model("llama")
     adapter = adapter_for(model)
     kept_cache = lambda: [RotatingKVCache(max_size=8, keep=4) for _ in model.layers]
     cache = kept_cache()
-    hist = support.history(5)
+    hist = helpers.history(5)
     mx.eval(model(mx.array(hist.prompt)[None], cache=cache))
     before = clone(cache)
     logits = adapter.verify(BRANCHING, cache)
     assert_rows_are_root_path_forwards(model, before, BRANCHING, logits)
 
     wrapped = kept_cache()
-    mx.eval(model(mx.array(support.tokens(12, 3))[None], cache=wrapped))
+    mx.eval(model(mx.array(helpers.tokens(12, 3))[None], cache=wrapped))
     assert_refused_untouched(adapter, BRANCHING, wrapped, "keep=4", "dropped keys")
 
 
 def test_an_unknown_cache_type_is_refused():
-    model = support.model("llama")
+    model = helpers.model("llama")
     cache = [ChunkedKVCache(chunk_size=8) for _ in model.layers]
     assert_refused_untouched(adapter_for(model), BRANCHING, cache, "ChunkedKVCache")
 
 
 def test_a_concatenate_cache_with_a_trimmed_tail_is_refused():
-    model = support.model("llama")
+    model = helpers.model("llama")
     cache = [ConcatenateKVCache() for _ in model.layers]
-    mx.eval(model(mx.array(support.tokens(6, 1))[None], cache=cache))
+    mx.eval(model(mx.array(helpers.tokens(6, 1))[None], cache=cache))
     adapter = adapter_for(model)
     before = clone(cache)
     assert_rows_are_root_path_forwards(model, before, BRANCHING, adapter.verify(BRANCHING, cache))
@@ -145,14 +135,14 @@ def test_a_concatenate_cache_with_a_trimmed_tail_is_refused():
 
 
 def test_a_batched_cache_is_refused():
-    model = support.model("llama")
+    model = helpers.model("llama")
     cache = make_prompt_cache(model)
-    mx.eval(model(mx.array([support.tokens(4, 1), support.tokens(4, 2)]), cache=cache))
+    mx.eval(model(mx.array([helpers.tokens(4, 1), helpers.tokens(4, 2)]), cache=cache))
     assert_refused_untouched(adapter_for(model), BRANCHING, cache, "batch of 2")
 
 
 def test_caches_that_disagree_on_their_offset_are_refused():
-    model = support.model("llama")
-    cache = support.history(6).replay(model)
+    model = helpers.model("llama")
+    cache = helpers.history(6).replay(model)
     cache[1].offset -= 1
     assert_refused_untouched(adapter_for(model), BRANCHING, cache, "disagree", "[5, 6]")

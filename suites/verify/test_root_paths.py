@@ -14,13 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from suites import strategies
-from suites.verify import support
-from suites.verify.support import (
+from suites import helpers_strategies as strategies
+from suites.verify import helpers
+from suites.verify.helpers import (
     CONFIGS,
     HYBRID,
     KV_QUANT,
+    REORDER_BOUND,
     History,
+    assert_rows_are_root_path_forwards,
     clone,
     config_id,
     keys_rotated,
@@ -33,39 +35,8 @@ from treespec.verify import adapter_for
 
 pytestmark = pytest.mark.exactness
 
-# A one-token step over rotated keys vs the same keys time-ordered, float32
-# logits: measured up to 2.2e-5 (gemma3_text, |logits| < 6) and 9.1e-5
-# (gemma4_text, softcapped at 30) over every (prompt, steps) pair up to
-# 2 windows; never a difference when the keys were in order. The bound is a
-# sanity check that the difference is summation order only; the exact pin
-# is the bit equality with row 0 of a multi-token forward.
-REORDER_BOUND = 5e-4
-
-
-def assert_rows_are_root_path_forwards(model, before, tree, logits):
-    """``before`` is an untouched copy of the cache state the tree was
-    verified from; each reference forward runs on its own copy of it."""
-    for i in range(len(tree)):
-        path = tree.path_to(i)
-        ref_cache = clone(before)
-        ref = plain_rows(model, ref_cache, [tree.tokens[j] for j in path])[-1]
-        if mx.array_equal(ref, logits[i]):
-            continue
-        if len(path) == 1 and keys_rotated(ref_cache):
-            # The one-token step saw rotated keys. The root's row must still be
-            # exactly what a multi-token plain forward gives the root.
-            concat = plain_rows(model, clone(before), [tree.tokens[0], tree.tokens[0]])[0]
-            assert mx.array_equal(concat, logits[0]), "root row differs from a time-ordered forward"
-            assert max_abs_diff(ref, logits[0]) <= REORDER_BOUND
-            continue
-        raise AssertionError(
-            f"node {i} (path {path}) differs from its root-path forward by "
-            f"{max_abs_diff(ref, logits[i]):.3g}"
-        )
-
-
 def verify_against_root_paths(family, dtype, bits, hist: History, tree: DraftTree):
-    model = support.model(family, dtype, bits)
+    model = helpers.model(family, dtype, bits)
     cache = hist.replay(model)
     before = clone(cache)
     logits = adapter_for(model).verify(tree, cache)
@@ -78,11 +49,11 @@ def _cases():
     for cfg in CONFIGS + KV_QUANT:
         family, kv_bits = cfg[0], (cfg[3] if len(cfg) > 3 else None)
         trees = (
-            support.linear_trees(family)
+            helpers.linear_trees(family)
             if family in HYBRID
-            else {**support.branching_trees(family), "chain-5": support.linear_trees(family)["chain-5"]}
+            else {**helpers.branching_trees(family), "chain-5": helpers.linear_trees(family)["chain-5"]}
         )
-        for hist in support.histories(family, kv_bits):
+        for hist in helpers.histories(family, kv_bits):
             for name, tree in trees.items():
                 yield pytest.param(
                     cfg[:3], hist, tree,
@@ -106,13 +77,13 @@ def test_a_one_token_step_on_a_wrapped_window_differs_only_by_key_order(family):
     multi-token forward. Swept over prompts of
     0..window+2 and 2*window+1 tokens, each followed by 0..window+2 single
     steps (every buffer rotation, both wrap routes)."""
-    model = support.model(family)
+    model = helpers.model(family)
     adapter = adapter_for(model)
-    w = support.window(family)
-    tree = DraftTree(support.tokens(3, 11), [-1, 0, 0])
+    w = helpers.window(family)
+    tree = DraftTree(helpers.tokens(3, 11), [-1, 0, 0])
     seen = {True: 0, False: 0}
     for n_prompt in sorted(set(range(0, w + 3)) | {2 * w + 1}):
-        hist = support.history(n_prompt, w + 2, seed=n_prompt)
+        hist = helpers.history(n_prompt, w + 2, seed=n_prompt)
         cache = History(hist.prompt).replay(model)
         for n_steps, step_token in enumerate(hist.steps + (None,)):
             if n_prompt + n_steps:
@@ -132,7 +103,7 @@ def test_a_one_token_step_on_a_wrapped_window_differs_only_by_key_order(family):
 
 @st.composite
 def cases(draw, family):
-    w = support.window(family) or 8
+    w = helpers.window(family) or 8
     n_prompt = draw(st.integers(0, 2 * w + 2))
     n_steps = draw(st.integers(0, w + 2))
     seed = draw(st.integers(0, 10_000))
@@ -140,7 +111,7 @@ def cases(draw, family):
         tree = draw(strategies.linear_trees(max_nodes=12))
     else:
         tree = draw(strategies.trees(max_nodes=14))
-    return support.history(n_prompt, n_steps, seed), tree
+    return helpers.history(n_prompt, n_steps, seed), tree
 
 
 @pytest.mark.parametrize(

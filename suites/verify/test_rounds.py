@@ -5,26 +5,25 @@ in parts (a drafter growing it level by level); the recurrent hook."""
 import mlx.core as mx
 import pytest
 
-from suites.verify import support
-from suites.verify.support import HYBRID, History, clone, plain_rows
-from suites.verify.test_refusals import assert_refused_untouched
-from suites.verify.test_root_paths import assert_rows_are_root_path_forwards
-from treespec import zoo
+from suites.verify import helpers
+from suites.verify.helpers import HYBRID, History, clone, plain_rows, assert_rows_are_root_path_forwards, assert_refused_untouched
+from treespec import caches, zoo
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
+from treespec.verify.gdn_tree import TreeGatedDelta
 
 pytestmark = pytest.mark.exactness
 
 
 def _trees(family):
     if family in HYBRID:
-        return {"chain-5": support.linear_trees(family)["chain-5"]}
-    return support.branching_trees(family)
+        return {"chain-5": helpers.linear_trees(family)["chain-5"]}
+    return helpers.branching_trees(family)
 
 
 def _cases():
     for family in zoo.FAMILIES:
-        hists = support.histories(family)
+        hists = helpers.histories(family)
         for hist in (hists[1], hists[3], hists[4]):
             for name, tree in _trees(family).items():
                 for leaf in sorted({1, tree.leaves()[0], len(tree) - 1}):
@@ -38,17 +37,17 @@ def _cases():
 def test_after_commit_decoding_continues_as_if_only_the_path_was_fed(family, hist, tree, node):
     """Commit the root path to ``node``; the next two steps give the logits of
     a cache that saw the history, then the path as one forward."""
-    model = support.model(family)
+    model = helpers.model(family)
     adapter = adapter_for(model)
     cache = hist.replay(model)
-    offset = adapter.offset(cache)
+    offset = caches.offset(cache)
     adapter.verify(tree, cache)
     path = tree.path_to(node)
     assert adapter.commit(cache, tree, path, offset) == len(path)
     path_tokens = [tree.tokens[j] for j in path]
     ref = hist.replay(model)
     plain_rows(model, ref, path_tokens)
-    for t in support.tokens(2, 21):
+    for t in helpers.tokens(2, 21):
         assert mx.array_equal(plain_rows(model, cache, [t]), plain_rows(model, ref, [t]))
 
 
@@ -62,13 +61,13 @@ def test_a_tree_fed_in_parts_verifies_as_if_fed_whole(family, kv_bits, shape):
     nodes s.. on top of nodes 0..s-1 already in the cache. Every row is still
     the node's root-path forward. A linear tree (a spine's fed nodes) goes
     through as a plain forward."""
-    model = support.model(family)
+    model = helpers.model(family)
     adapter = adapter_for(model)
     if shape == "bushy":
-        tree, stops = support.branching_trees(family)["bushy"], (1, 3, 7)  # its level boundaries
+        tree, stops = helpers.branching_trees(family)["bushy"], (1, 3, 7)  # its level boundaries
     else:
-        tree, stops = DraftTree.linear(support.tokens(6, 4)), (1, 2, 4)
-    hist = History(support.tokens(6, 3), (), kv_bits)
+        tree, stops = DraftTree.linear(helpers.tokens(6, 4)), (1, 2, 4)
+    hist = History(helpers.tokens(6, 3), (), kv_bits)
     cache = hist.replay(model)
     before = clone(cache)
     rows, start = [], 0
@@ -81,10 +80,10 @@ def test_a_tree_fed_in_parts_verifies_as_if_fed_whole(family, kv_bits, shape):
 
 
 def test_feeding_a_tree_in_parts_is_refused_on_a_rotating_window():
-    model = support.model("gemma3_text")
+    model = helpers.model("gemma3_text")
     adapter = adapter_for(model)
-    tree = support.branching_trees("gemma3_text")["fan"]
-    cache = support.history(3).replay(model)
+    tree = helpers.branching_trees("gemma3_text")["fan"]
+    cache = helpers.history(3).replay(model)
     adapter.verify(DraftTree(tree.tokens[:1], tree.parents[:1]), cache)
     assert_refused_untouched(adapter, tree, cache, "fed in parts", start=1)
 
@@ -93,11 +92,10 @@ def test_feeding_a_tree_in_parts_is_refused_on_a_rotating_window():
 def test_a_registered_tree_recurrence_lifts_the_branching_refusal(family):
     """The hook: a strategy that can carry a tree through the recurrence
     (treespec.verify.gdn_tree) replaces ChainOnly for one adapter."""
-    from treespec.verify.gdn_tree import TreeGatedDelta
 
-    model = support.model(family)
+    model = helpers.model(family)
     adapter = adapter_for(model, recurrent=TreeGatedDelta())
-    tree = support.branching_trees(family)["two-chains"]
-    cache = support.histories(family)[1].replay(model)
+    tree = helpers.branching_trees(family)["two-chains"]
+    cache = helpers.histories(family)[1].replay(model)
     before = clone(cache)
     assert_rows_are_root_path_forwards(model, before, tree, adapter.verify(tree, cache))

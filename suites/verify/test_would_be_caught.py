@@ -9,11 +9,11 @@ import pytest
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import RotatingKVCache
 
-from suites.verify import support
-from suites.verify.support import HYBRID, clone
-from suites.verify.test_root_paths import assert_rows_are_root_path_forwards
+from suites.verify import helpers
+from suites.verify.helpers import HYBRID, clone, assert_rows_are_root_path_forwards
 from treespec import zoo
-from treespec.verify.attention import injected, rotating_kept, tree_injected, tree_mask
+from treespec.caches import rotating_kept
+from treespec.verify.attention import injected, tree_injected, tree_mask
 
 pytestmark = pytest.mark.exactness
 
@@ -22,7 +22,7 @@ ATTENTION_FAMILIES = [f for f in zoo.FAMILIES if f not in HYBRID]
 
 
 def run_broken(family, hist, tree, depths, mask_fn):
-    model = support.model(family)
+    model = helpers.model(family)
     cache = hist.replay(model)
     before = clone(cache)
     with injected(model, cache, depths, mask_fn):
@@ -43,8 +43,8 @@ def causal_mask(cache, N, window):
 def test_contiguous_positions_would_be_caught(family):
     """Positions = flattened index (what a plain forward over the flattened
     tree uses), with the right tree mask."""
-    tree = support.branching_trees(family)["bushy"]
-    hist = support.histories(family)[3]
+    tree = helpers.branching_trees(family)["bushy"]
+    hist = helpers.histories(family)[3]
     flat = np.arange(len(tree))
     mask_fn = lambda cache, N, window: tree_mask(cache, tree, window)
     run_broken(family, hist, tree, flat, mask_fn)
@@ -53,17 +53,17 @@ def test_contiguous_positions_would_be_caught(family):
 @pytest.mark.parametrize("family", ATTENTION_FAMILIES)
 def test_causal_mask_would_be_caught(family):
     """The right depth positions, but the causal mask: siblings see each other."""
-    tree = support.branching_trees(family)["bushy"]
-    hist = support.histories(family)[3]
+    tree = helpers.branching_trees(family)["bushy"]
+    hist = helpers.histories(family)[3]
     run_broken(family, hist, tree, tree.depths(), causal_mask)
 
 
-@pytest.mark.parametrize("family", [f for f in ATTENTION_FAMILIES if support.window(f)])
+@pytest.mark.parametrize("family", [f for f in ATTENTION_FAMILIES if helpers.window(f)])
 def test_a_window_counted_in_flattened_index_would_be_caught(family):
     """The tree mask with its sliding window cut by flattened index instead
     of position."""
-    tree = support.branching_trees(family)["deeper-than-window"]
-    hist = support.histories(family)[4]
+    tree = helpers.branching_trees(family)["deeper-than-window"]
+    hist = helpers.histories(family)[4]
 
     def flat_window(cache, N, window):
         mask = np.array(tree_mask(cache, tree, window))
@@ -83,9 +83,9 @@ def test_a_window_counted_in_flattened_index_would_be_caught(family):
 def test_a_flattened_tree_through_a_recurrence_would_be_caught(family):
     """Exactly what the adapter refuses: attention gets the tree mask and
     depth positions, but the GatedDeltaNet reads the flattened tree."""
-    tree = support.branching_trees(family)["two-chains"]
-    hist = support.histories(family)[1]
-    model = support.model(family)
+    tree = helpers.branching_trees(family)["two-chains"]
+    hist = helpers.histories(family)[1]
+    model = helpers.model(family)
     cache = hist.replay(model)
     before = clone(cache)
     with tree_injected(model, cache, tree):

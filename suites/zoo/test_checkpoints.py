@@ -295,7 +295,7 @@ def test_logits_are_varied_not_degenerate(family):
 
 @pytest.mark.parametrize("family", REQUIRED)
 def test_a_multi_token_forward_equals_single_steps(family):
-    # The CPU-backend fact the exactness suites stand on (DESIGN.md), checked
+    # The CPU-backend fact the exactness suites stand on (README, "Verify"), checked
     # for each zoo family inside the smallest sliding window (8).
     model = zoo.build(family)
     tokens = random_tokens(4, (1, 8))

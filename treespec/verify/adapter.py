@@ -21,28 +21,15 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
-from .. import rollback
+from .. import caches, rollback
+from ..errors import TreeRefused
+from ..models import model_type
 from ..tree import DraftTree
-from .attention import (
-    ATTENTION_CACHES,
-    cache_refusal,
-    rope_owners,
-    rope_refusal,
-    tree_injected,
-)
-from .recurrent import ChainOnly, RecurrentStrategy, recurrent_strategy
+from .attention import rope_owners, rope_refusal, tree_injected
+from .recurrent import RecurrentStrategy, recurrent_strategy
 
-
-class TreeRefused(ValueError):
-    """This model, cache state or tree cannot be tree-verified. Raised before
-    anything is written: the caches are unchanged. Names the family and why."""
-
-    def __init__(self, family: str, reason: str):
-        super().__init__(f"tree verify refused for model_type {family!r}: {reason}")
-        self.family = family
-        self.reason = reason
+__all__ = ["FAMILIES", "Family", "TreeAdapter", "TreeRefused", "adapter_for"]
 
 
 @dataclass(frozen=True)
@@ -50,16 +37,14 @@ class Family:
     """What the adapter needs to know about an mlx-lm model family."""
 
     # Kind of recurrent layer (a key of treespec.verify.recurrent's registry),
-    # None for attention-only families.
+    # None for attention-only families (which then refuse recurrent caches).
     recurrent: Optional[str] = None
-    # Cache classes that belong to the recurrent layers.
-    recurrent_caches: tuple = ()
     # Attribute of the attention modules holding the RoPE.
     rope_attr: str = "rope"
 
 
 _ATTENTION = Family()
-_GATED_DELTA = Family(recurrent="gated_delta", recurrent_caches=(ArraysCache,))
+_GATED_DELTA = Family(recurrent="gated_delta")
 
 # Audited families. Zoo families are exercised by suites/verify on several
 # dtypes; the others share the attention/rope/mask pattern (mistral is
@@ -85,11 +70,15 @@ FAMILIES = {
 }
 
 
-def model_type(model: nn.Module) -> str:
-    mt = getattr(model, "model_type", None)
-    if mt is None and hasattr(model, "args"):
-        mt = getattr(model.args, "model_type", None)
-    return str(mt)
+@dataclass(frozen=True)
+class _Verified:
+    """What the last verify of a cache list leaves for its commit."""
+
+    cache: Sequence
+    offset: Optional[int]  # the cache length before the verify
+    topology: DraftTree  # the tree the rows were written by
+    snapshot: rollback.Snapshot  # references to the pre-verify state
+    captures: Optional[rollback.Captures]  # recurrent inputs and kept states
 
 
 class TreeAdapter:
@@ -107,8 +96,7 @@ class TreeAdapter:
         if recurrent is None and family.recurrent is not None:
             recurrent = recurrent_strategy(family.recurrent)
         self.recurrent = recurrent
-        # (cache list, offset, tree, rollback snapshot, recurrent captures)
-        self._last = None
+        self._last: Optional[_Verified] = None
 
     def __repr__(self):
         rec = f", recurrent={self.recurrent.name!r}" if self.recurrent else ""
@@ -116,11 +104,6 @@ class TreeAdapter:
 
     def _refuse(self, reason: str):
         raise TreeRefused(self.model_type, reason)
-
-    def offset(self, cache: Sequence) -> Optional[int]:
-        """Tokens the attention caches hold before the verify (None if none)."""
-        offs = [c.offset for c in cache if isinstance(c, ATTENTION_CACHES)]
-        return offs[0] if offs else None
 
     def check_model(self) -> list:
         """Raise TreeRefused if some attention's RoPE cannot take per-node
@@ -148,12 +131,13 @@ class TreeAdapter:
             raise ValueError(f"start must be a node of the tree (0..{len(tree) - 1}), got {start!r}")
         attention, recurrent = [], []
         for i, c in enumerate(cache):
-            if isinstance(c, ATTENTION_CACHES):
-                why = cache_refusal(c)
+            mode = caches.mode_of(c)
+            if mode.attention:
+                why = mode.verify_refusal(c)
                 if why:
                     self._refuse(f"layer {i}: {why}")
                 attention.append(c)
-            elif isinstance(c, self.family.recurrent_caches):
+            elif mode.recurrent and self.recurrent is not None:
                 recurrent.append(c)
             else:
                 self._refuse(
@@ -166,25 +150,26 @@ class TreeAdapter:
         if start:
             if offsets and offsets[0] < start:
                 self._refuse(f"start {start} but the caches hold only {offsets[0]} tokens")
-            if any(isinstance(c, RotatingKVCache) for c in attention):
-                # A second update re-trims the ring by flattened order (a
+            whole = [c for c in attention if caches.mode_of(c).whole_trees_only]
+            if whole:
+                # A second update of a ring re-trims it by flattened order (a
                 # needed ancestor can fall out), and rollback cannot commit
                 # tree rows written by several updates.
                 self._refuse(
-                    f"RotatingKVCache: a tree fed in parts (start={start}) is "
+                    f"{type(whole[0]).__name__}: a tree fed in parts (start={start}) is "
                     "written by several updates; feed it whole"
                 )
-            if recurrent and not (
-                getattr(self.recurrent, "supports_start", False)
-                or (isinstance(self.recurrent, ChainOnly) and tree.is_linear())
-            ):
-                self._refuse(
-                    f"{self.recurrent.name} cannot continue a tree from start={start}"
-                )
+            if recurrent:
+                # Its commit restores the pre-verify state and replays (or
+                # copies) what one forward saw: a part's forward alone is not
+                # the tree.
+                self._refuse(f"{self.recurrent.name} cannot continue a tree from start={start}: "
+                             "recurrent layers take a tree in one forward")
         owners = self.check_model() if ropes else []
         for c in recurrent:
-            if c.left_padding is not None or c.lengths is not None:
-                self._refuse("ArraysCache is prepared for a padded batch")
+            why = caches.mode_of(c).verify_refusal(c)
+            if why:
+                self._refuse(why)
         if recurrent:
             why = self.recurrent.refusal(self.model, cache, tree)
             if why:
@@ -216,10 +201,10 @@ class TreeAdapter:
         # positions; walking the modules for them cost 0.48 ms of a 9.5 ms
         # chain round on the trained pair (cProfile), so plain forwards skip it.
         owners = self.check(tree, cache, start, ropes=inject)
-        offset = self.offset(cache)
+        offset = caches.offset(caches.attention_caches(cache))
         offset = None if offset is None else offset - start
         snap = rollback.snapshot(cache)  # references only
-        has_recurrent = any(isinstance(c, self.family.recurrent_caches) for c in cache)
+        has_recurrent = any(caches.mode_of(c).recurrent for c in cache)
         captures = None
         if tokens is None:
             tokens = mx.array(tree.tokens[start:], dtype=mx.int32)
@@ -231,9 +216,7 @@ class TreeAdapter:
             if inject:
                 if self.recurrent is not None:
                     stack.enter_context(self.recurrent.inject(self.model, cache, tree))
-                probe = stack.enter_context(
-                    tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start)
-                )
+                probe = stack.enter_context(self.injection(cache, tree, owners, start))
             if has_recurrent:
                 # Innermost, so it records whatever mixer the strategy put in;
                 # commit replays the path's rows through the real one.
@@ -241,8 +224,20 @@ class TreeAdapter:
             logits = self.model(tokens, cache=cache)
             if inject:
                 probe()
-        self._last = (cache, offset, tree, snap, captures, inject)
+        if inject and captures is not None:
+            # The tree-aware recurrence kept every node's state: commit copies
+            # the accepted one instead of replaying the path.
+            for entry, states in self.recurrent.kept_states():
+                captures.keep(entry, states)
+        self._last = _Verified(cache, offset, tree, snap, captures)
         return logits[0]
+
+    def injection(self, cache: Sequence, tree: DraftTree, owners: list, start: int):
+        """The context manager that gives one forward the tree's mask and
+        per-node positions (treespec.verify.attention.tree_injected); it
+        yields a probe that raises if the forward bypassed either. A
+        subclass may inject something else (the suites plant defects here)."""
+        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start)
 
     def commit(
         self,
@@ -261,19 +256,13 @@ class TreeAdapter:
         exact."""
         # The topology is what the rows were written by (a chain's verify may
         # have run before its tokens were known).
-        if (self._last is None or self._last[0] is not cache
-                or self._last[2].parents != tree.parents):
+        last = self._last
+        if last is None or last.cache is not cache or last.topology.parents != tree.parents:
             raise ValueError("commit needs the cache list and tree of the last verify")
-        if offset is not None and offset != self._last[1]:
-            raise ValueError(f"offset {offset} is not the {self._last[1]} the verify started at")
-        _, offset, _, snap, captures, injected = self._last
-        if injected and captures is not None and hasattr(self.recurrent, "states_for"):
-            # This verify went through the tree-aware recurrence: commit copies
-            # its kept states, no replay. (Never after a plain forward: the
-            # strategy still holds an earlier tree's states then.)
-            captures.tree_states = self.recurrent
+        if offset is not None and offset != last.offset:
+            raise ValueError(f"offset {offset} is not the {last.offset} the verify started at")
         committed = rollback.commit_path(
-            cache, offset, path, tree, snapshot=snap, recurrent=captures
+            cache, last.offset or 0, path, tree, snapshot=last.snapshot, recurrent=last.captures
         )
         self._last = None
         return committed

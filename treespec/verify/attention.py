@@ -10,8 +10,9 @@ each attention module's ``rope`` *attribute* for a :class:`TreeRoPE` that
 rotates node i by ``offset + depth(i)`` instead of ``offset + i``. Both are
 restored in a ``finally``; two models (target and drafter) never share a patch.
 
-Everything that can make a tree unverifiable is decided here as a *reason*
-(``None`` when fine) so the adapter can refuse before any cache is written.
+Everything about a RoPE that can make a tree unverifiable is decided here as
+a *reason* (``None`` when fine), and everything about a cache by its entry in
+``treespec.caches``, so the adapter can refuse before any cache is written.
 """
 
 from contextlib import contextmanager
@@ -19,12 +20,6 @@ from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import (
-    ConcatenateKVCache,
-    KVCache,
-    QuantizedKVCache,
-    RotatingKVCache,
-)
 from mlx_lm.models.rope_utils import (
     DynamicNTKScalingRoPE,
     Llama3RoPE,
@@ -35,6 +30,7 @@ from mlx_lm.models.rope_utils import (
 
 from mlx_lm.models.smollm3 import NoPE
 
+from ..caches import attention_caches, mode_of
 from ..tree import DraftTree
 
 # RoPE classes whose only use of ``offset`` is to hand it to mx.fast.rope, so a
@@ -51,9 +47,6 @@ REFUSED_ROPES = {
         "would not match the chain it stands for"
     ),
 }
-
-# Attention caches whose make_mask we can replace, and the keys they show.
-ATTENTION_CACHES = (KVCache, QuantizedKVCache, RotatingKVCache, ConcatenateKVCache)
 
 
 # ---------------------------------------------------------------------------
@@ -93,7 +86,7 @@ def rope_by_node(rope, x: mx.array, offset, depths: mx.array, **kwargs) -> mx.ar
 
     mx.fast.rope takes one offset per batch row, not per token, so tokens
     move onto the batch axis: (B, H, T, D) -> (B*T, H, 1, D) with a vector of
-    B*T offsets. Measured bit-identical to per-token rope (DESIGN.md)."""
+    B*T offsets. Measured bit-identical to per-token rope (README, "Verify")."""
     B, H, T, D = x.shape
     if T != depths.size:
         raise RuntimeError(
@@ -153,64 +146,6 @@ def rope_owners(model: nn.Module, attr: str = "rope") -> list:
 # ---------------------------------------------------------------------------
 
 
-def rotating_present(cache: RotatingKVCache) -> int:
-    """Keys ``RotatingKVCache._update_concat`` finds once it has time-ordered
-    the buffer (``_temporal_order``: the whole buffer when full or wrapped,
-    else ``[:_idx]``)."""
-    if cache.keys is None:
-        return 0
-    size = cache.keys.shape[2]
-    return size if (cache._idx == size or cache._idx < cache.offset) else cache._idx
-
-
-def rotating_kept(cache: RotatingKVCache) -> int:
-    """How many old keys a multi-token update keeps in front of its own n
-    (the history the verify's attention sees): ``_update_concat`` trims the
-    time-ordered buffer to ``max_size - 1`` before appending."""
-    return min(rotating_present(cache), cache.max_size - 1)
-
-
-def cache_refusal(cache) -> Optional[str]:
-    """Why this attention cache's state cannot take a tree, or None."""
-    kind = type(cache).__name__
-    if type(cache) not in ATTENTION_CACHES:
-        return f"{kind} is not a cache whose mask a tree verify can replace"
-    if cache.keys is not None:
-        first = cache.keys[0] if isinstance(cache.keys, (tuple, list)) else cache.keys
-        if first.shape[0] != 1:
-            return f"{kind} holds a batch of {first.shape[0]}; tree verify is batch 1"
-    if isinstance(cache, ConcatenateKVCache) and cache.keys is not None:
-        if cache.keys.shape[2] != cache.offset:
-            # trim() only moves offset; the next update concatenates after
-            # the stale tail, so the attention would see dropped keys.
-            return (
-                f"ConcatenateKVCache holds {cache.keys.shape[2]} keys but offset "
-                f"{cache.offset} (a trimmed stale tail)"
-            )
-    if isinstance(cache, RotatingKVCache):
-        present = rotating_present(cache)
-        if present > cache.offset:
-            return (
-                f"RotatingKVCache holds {present} time-ordered keys but offset is "
-                f"{cache.offset}: an inconsistent state"
-            )
-        if cache.keep and (present != cache.offset or present > cache.max_size - 1):
-            # The kept keys are positions 0..keep-1 plus a recent run. Any
-            # multi-token forward's mask (mlx-lm's create_causal_mask, and
-            # ours) counts them as contiguous history, so later queries lose
-            # the kept tokens while a one-token step attends to them: llama,
-            # max_size 8, keep 4, 12-token prompt, 3-token chain vs 3 steps
-            # differ by 0, 1.9, 3.9 in the logits (keep=0: < 6e-6, key order).
-            # No verify of this state can match classic decoding.
-            return (
-                f"RotatingKVCache(max_size={cache.max_size}, keep={cache.keep}) at "
-                f"offset {cache.offset} has dropped keys between its {cache.keep} "
-                "kept ones and the recent ones: a multi-token forward would not "
-                "attend as one-token decoding does (only keep=0 verifies once wrapped)"
-            )
-    return None
-
-
 def tree_mask(
     cache, tree: DraftTree, window_size: Optional[int], start: int = 0
 ) -> mx.array:
@@ -218,17 +153,13 @@ def tree_mask(
     the verify update: history keys at positions offset-history..offset-1,
     then the n tree nodes at ``offset + depth``; the rows of nodes
     ``start..n-1`` (nodes before ``start`` are already in the cache, written
-    by an earlier verify of the same tree). A RotatingKVCache keeps fewer keys
-    than its offset once wrapped, and always means a window of at most
-    max_size (``start`` > 0 is refused on it before anything runs)."""
-    if isinstance(cache, RotatingKVCache):
-        history = rotating_kept(cache)
-        window = window_size or cache.max_size
-        offset = cache.offset
-    else:
-        offset = history = cache.offset - start
-        window = window_size
-    mask = tree.mask(offset, window, history=history)
+    by an earlier verify of the same tree, and counted in its offset). The
+    cache's mode says how many keys it keeps and its default window (a
+    RotatingKVCache keeps fewer than its offset once wrapped; ``start`` > 0
+    is refused on it before anything runs)."""
+    offset, history, default_window = mode_of(cache).key_positions(cache)
+    offset, history = offset - start, history - start
+    mask = tree.mask(offset, window_size or default_window, history=history)
     return mask[start:] if start else mask
 
 
@@ -264,7 +195,7 @@ def injected(
     rope must run: cohere2's global layers hold a rope they never call.
     """
     depths = mx.array(depths, dtype=mx.int32)
-    attention = [c for c in caches if isinstance(c, ATTENTION_CACHES)]
+    attention = attention_caches(caches)
     saved_masks = []
     saved_ropes = []
     wrappers = []

@@ -2,34 +2,30 @@
 
 A recurrence (GatedDeltaNet, Mamba) reads its inputs in sequence order. Fed a
 flattened tree it folds siblings into each other's state: wrong by 3-5 in the
-logits (DESIGN.md), silently. A chain is exact: the flattened chain *is* the
-sequence. So the default strategy verifies linear trees and refuses the rest.
-treespec registers the tree-aware GatedDeltaNet (treespec.verify.gdn_tree)
-for ``gated_delta`` by default; ``ChainOnly`` stays for other recurrences.
+logits, silently. A chain is exact: the flattened chain *is* the sequence.
+So the default strategy, :class:`ChainOnly`, verifies linear trees and
+refuses the rest; the tree-aware GatedDeltaNet (treespec.verify.gdn_tree) is
+registered for ``gated_delta``.
 
-The hook: a tree-aware layer (one that starts each node's state from its
-parent's, and takes its conv window from its ancestors) registers a strategy
-for its kind with :func:`register_recurrent`; adapters created afterwards ask
-it instead, and it injects itself for the forward through ``inject``::
-
-    class TreeGatedDelta:
-        name = "tree GatedDeltaNet"
-        def refusal(self, model, caches, tree): return None
-        @contextmanager
-        def inject(self, model, caches, tree): ...  # instance-level, restored
-
-    register_recurrent("gated_delta", TreeGatedDelta())
+A strategy for another recurrence registers a factory for its kind with
+:func:`register_recurrent`; adapters created afterwards ask it, and it
+injects itself for the forward through ``inject``.
 """
 
 from contextlib import contextmanager
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import mlx.nn as nn
 
 from ..tree import DraftTree
+from .gdn_tree import TreeGatedDelta
 
 
 class RecurrentStrategy(Protocol):
+    """What the adapter asks of a recurrence, for branching trees (a chain
+    is always a plain forward through the mixer's own multi-token path, and
+    its commit replays the accepted prefix)."""
+
     name: str
 
     def refusal(self, model: nn.Module, caches: Sequence, tree: DraftTree) -> Optional[str]:
@@ -37,7 +33,13 @@ class RecurrentStrategy(Protocol):
         Called before anything is written."""
 
     def inject(self, model: nn.Module, caches: Sequence, tree: DraftTree):
-        """Context manager active around the verify forward."""
+        """Context manager active around the verify forward of a branching
+        tree; instance-level changes only, restored on exit."""
+
+    def kept_states(self) -> List[Tuple[object, object]]:
+        """``(cache entry, KeptStates)`` (treespec.rollback.KeptStates) for
+        every layer whose per-node states the last ``inject`` kept; handed
+        over once. Empty when the strategy keeps none (commit replays)."""
 
 
 class ChainOnly:
@@ -61,26 +63,26 @@ class ChainOnly:
     def inject(self, model, caches, tree):
         yield
 
-
-def _tree_gated_delta():
-    from .gdn_tree import TreeGatedDelta
-
-    return TreeGatedDelta()
+    def kept_states(self) -> list:
+        return []
 
 
 # Factories, not instances: a strategy holds the per-node states of its
 # adapter's last verify, so a target and its drafter must never share one.
-_RECURRENT = {
-    "gated_delta": _tree_gated_delta,
+_RECURRENT: Dict[str, Callable[[], RecurrentStrategy]] = {
+    "gated_delta": TreeGatedDelta,
 }
 
 
-def register_recurrent(kind: str, strategy) -> None:
-    """Make ``strategy`` handle every recurrent layer of ``kind`` in adapters
-    created from now on (``adapter_for``). ``strategy`` is a zero-argument
-    factory returning a fresh strategy per adapter, or a strategy object
-    (then shared by every adapter: only for stateless strategies)."""
-    _RECURRENT[kind] = strategy if not hasattr(strategy, "refusal") else (lambda: strategy)
+def register_recurrent(kind: str, factory: Callable[[], RecurrentStrategy]) -> None:
+    """Make adapters created from now on handle every recurrent layer of
+    ``kind`` with ``factory()``: a zero-argument callable returning a fresh
+    strategy per adapter."""
+    if not callable(factory) or (not isinstance(factory, type) and hasattr(factory, "refusal")):
+        raise TypeError("register_recurrent takes a factory (a zero-argument callable "
+                        "returning a fresh strategy), not a strategy object: a strategy "
+                        "holds its adapter's last verify and must not be shared")
+    _RECURRENT[kind] = factory
 
 
 def recurrent_strategy(kind: str) -> RecurrentStrategy:

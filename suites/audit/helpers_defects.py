@@ -1,5 +1,5 @@
 """Planted defects: adapters (and walks) that are each wrong in one known way,
-for ``treespec audit --adapter suites.audit.defects:NAME``.
+for ``treespec audit --adapter suites.audit.helpers_defects:NAME``.
 
 Each factory takes a model and returns a small subclass of the real
 ``TreeAdapter`` built exactly as ``adapter_for`` builds it, wrong in one
@@ -7,32 +7,20 @@ place only. An audit that passed one of these would prove nothing;
 ``DEFECTS`` says which property must catch each.
 """
 
-from contextlib import contextmanager
-
 import numpy as np
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 
-import treespec.verify.adapter as adapter_module
+from treespec.caches import rotating_kept
 from treespec.verify import ChainOnly, TreeAdapter, adapter_for
-from treespec.verify.attention import injected, rotating_kept, tree_mask
+from treespec.verify.attention import injected, tree_mask
+from treespec.walk import Walk, tree_walk
 
 
 def _rebuild(cls, model, recurrent=None):
     """``adapter_for(model)``, but of class ``cls``."""
     real = adapter_for(model, recurrent=recurrent)
     return cls(model, real.family, real.recurrent)
-
-
-@contextmanager
-def _injecting(replacement):
-    """Swap the adapter module's ``tree_injected`` for one verify."""
-    saved = adapter_module.tree_injected
-    adapter_module.tree_injected = replacement
-    try:
-        yield
-    finally:
-        adapter_module.tree_injected = saved
 
 
 def _causal(cache, N, window):
@@ -46,38 +34,28 @@ class CausalMask(TreeAdapter):
     """Ignores the tree mask: depth positions, but the causal mask, so
     siblings see each other (contract 4)."""
 
-    def verify(self, tree, cache, start=0):
-        def broken(model, caches, tree, rope_attr="rope", owners=None, start=0):
-            return injected(model, caches, tree.depths()[start:] - start, _causal, rope_attr, owners)
-
-        with _injecting(broken):
-            return super().verify(tree, cache, start)
+    def injection(self, cache, tree, owners, start):
+        return injected(self.model, cache, tree.depths()[start:] - start, _causal,
+                        self.family.rope_attr, owners)
 
 
 class FlatPositions(TreeAdapter):
     """Contiguous positions: node i at ``offset + i`` (its flattened index),
     not ``offset + depth`` (contract 5); the tree mask is right."""
 
-    def verify(self, tree, cache, start=0):
-        def broken(model, caches, tree, rope_attr="rope", owners=None, start=0):
-            n = len(tree) - start
-            mask = lambda c, N, w: tree_mask(c, tree, w, start)
-            return injected(model, caches, np.arange(n), mask, rope_attr, owners)
-
-        with _injecting(broken):
-            return super().verify(tree, cache, start)
+    def injection(self, cache, tree, owners, start):
+        mask = lambda c, N, w: tree_mask(c, tree, w, start)
+        return injected(self.model, cache, np.arange(len(tree) - start), mask,
+                        self.family.rope_attr, owners)
 
 
 class ShiftedPositions(TreeAdapter):
     """Positions ``offset + depth + 1``: wrong for every tree, chains too."""
 
-    def verify(self, tree, cache, start=0):
-        def broken(model, caches, tree, rope_attr="rope", owners=None, start=0):
-            mask = lambda c, N, w: tree_mask(c, tree, w, start)
-            return injected(model, caches, tree.depths()[start:] - start + 1, mask, rope_attr, owners)
-
-        with _injecting(broken):
-            return super().verify(tree, cache, start)
+    def injection(self, cache, tree, owners, start):
+        mask = lambda c, N, w: tree_mask(c, tree, w, start)
+        return injected(self.model, cache, tree.depths()[start:] - start + 1, mask,
+                        self.family.rope_attr, owners)
 
 
 class TailTrim(TreeAdapter):
@@ -109,8 +87,6 @@ class LastSibling(TreeAdapter):
     sibling (contract 3: the first child wins)."""
 
     def walk(self, tree, target_tokens):
-        from treespec.walk import Walk
-
         tokens, path = tree.tokens, [0]
         while True:
             want = target_tokens[path[-1]]
@@ -127,8 +103,6 @@ class NoBonus(TreeAdapter):
     accepted (unlike mlx-lm's accept loop, contract 2)."""
 
     def walk(self, tree, target_tokens):
-        from treespec.walk import Walk, tree_walk
-
         w = tree_walk(tree, target_tokens)
         if w.accepted and not tree.children(w.path[-1]):
             return Walk(w.path, w.emitted[:-1])

@@ -272,3 +272,12 @@ class Variant:
         hit = accepted >= 0
         token[hit] = children[rows[hit], accepted[hit]]
         return accepted, token
+
+
+# The suite's significance level and sample size, and its sampling settings.
+ALPHA = 1e-4
+N = 100_000
+T1 = Sampling()
+FILTERED = Sampling(0.7, top_k=5, top_p=0.9)
+NUCLEUS = Sampling(1.3, top_p=0.8, min_p=0.05)
+TIGHT = Sampling(0.5, top_k=3)

@@ -22,7 +22,7 @@ from mlx_lm.models.cache import (
     RotatingKVCache,
 )
 
-from suites.strategies import trees
+from suites.helpers_strategies import trees
 from treespec.tree import DraftTree
 
 HEADS = 2

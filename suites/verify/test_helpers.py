@@ -5,8 +5,8 @@ every byte."""
 import mlx.core as mx
 import pytest
 
-from suites.verify import support
-from suites.verify.support import clone, plain_rows, snapshot
+from suites.verify import helpers
+from suites.verify.helpers import clone, plain_rows, fingerprint
 from treespec import zoo
 
 pytestmark = pytest.mark.exactness
@@ -14,22 +14,22 @@ pytestmark = pytest.mark.exactness
 
 @pytest.mark.parametrize("family", zoo.FAMILIES)
 def test_a_cloned_cache_is_an_independent_faithful_snapshot(family):
-    model = support.model(family)
-    hist = support.histories(family)[5]
+    model = helpers.model(family)
+    hist = helpers.histories(family)[5]
     cache = hist.replay(model)
-    frozen = snapshot(cache)
+    frozen = fingerprint(cache)
     copy = clone(cache)
-    assert snapshot(copy) == frozen
-    toks = support.tokens(3, 9)
+    assert fingerprint(copy) == frozen
+    toks = helpers.tokens(3, 9)
     from_copy = plain_rows(model, copy, toks)
-    assert snapshot(cache) == frozen  # the original did not move
+    assert fingerprint(cache) == frozen  # the original did not move
     from_replay = plain_rows(model, hist.replay(model), toks)
     assert mx.array_equal(from_copy, from_replay)
 
 
 def test_a_snapshot_sees_one_flipped_element():
-    model = support.model("llama")
-    cache = support.history(4).replay(model)
-    frozen = snapshot(cache)
+    model = helpers.model("llama")
+    cache = helpers.history(4).replay(model)
+    frozen = fingerprint(cache)
     cache[0].values[0, 0, 2, 3] = cache[0].values[0, 0, 2, 3] + 1e-6
-    assert snapshot(cache) != frozen
+    assert fingerprint(cache) != frozen

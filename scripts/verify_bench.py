@@ -1,13 +1,13 @@
 """Tree verify vs chain verify of the same node count.
 
-    python -m treespec.verify.bench [--runs 21] [--nodes 4 8 16 32] [--prompt 64]
+    python scripts/verify_bench.py [--runs 21] [--nodes 4 8 16 32] [--prompt 64]
 
 A chain verify is mlx-lm's plain ``model(tokens[None], cache=cache)``; a
 tree verify is ``adapter.verify(tree, cache)`` over a tree with the same
 number of nodes, so the ratio is what the mask and per-node RoPE injection
 cost (the FLOPs are the same). Runs on the largest zoo model, and on the
-largest attention-only one too when the largest is a hybrid (hybrids refuse
-branching trees, so there the tree is a chain through the adapter).
+largest attention-only one too when the largest is a hybrid (whose tree goes
+through the tree-aware recurrence).
 
 Each figure is the median of ``--runs`` timed forwards, each from its own
 copy of a prefilled cache, after one warm-up. Contract 10: a figure is
@@ -23,22 +23,18 @@ import statistics
 import time
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from .. import zoo
-from ..tree import DraftTree
-from .adapter import FAMILIES, adapter_for
+from treespec import caches, zoo
+from treespec.models import n_params
+from treespec.tree import DraftTree
+from treespec.verify import adapter_for
 
 
 def heap_tree(n: int, tokens) -> DraftTree:
     """A binary tree of n nodes (parent of i is (i-1)//2): the bushiest
     shape of its size, depth log2(n)."""
     return DraftTree(tokens[:n], [-1] + [(i - 1) // 2 for i in range(1, n)])
-
-
-def n_params(model) -> int:
-    return sum(v.size for _, v in tree_flatten(model.parameters()))
 
 
 def exact(model, adapter, cache, tree) -> bool:
@@ -71,10 +67,13 @@ def timed(fns: dict, cache, runs: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def hybrid(model) -> bool:
+    return any(caches.mode_of(c).recurrent for c in make_prompt_cache(model))
+
+
 def bench(family: str, nodes, runs: int, prompt: int):
     model = zoo.build(family)
     adapter = adapter_for(model)
-    hybrid = FAMILIES[model.model_type].recurrent is not None
     toks = [int(t) for t in mx.random.randint(0, zoo.VOCAB_SIZE, (prompt + max(nodes),),
                                                key=mx.random.key(0)).tolist()]
     cache = make_prompt_cache(model)
@@ -86,7 +85,7 @@ def bench(family: str, nodes, runs: int, prompt: int):
           f"  {'1-token step ms':>15}")
     step = timed({"step": lambda c: model(mx.array(draft[:1])[None], cache=c)}, cache, runs)
     for n in nodes:
-        tree = DraftTree.linear(draft[:n]) if hybrid else heap_tree(n, draft)
+        tree = heap_tree(n, draft)
         ok = exact(model, adapter, cache, tree)
         ms = timed(
             {
@@ -96,7 +95,7 @@ def bench(family: str, nodes, runs: int, prompt: int):
             cache,
             runs,
         )
-        shape = "chain" if hybrid else "binary"
+        shape = "binary"
         figures = (
             f"{ms['chain']:9.2f} {ms['tree']:9.2f} {ms['tree'] / ms['chain']:6.3f}"
             if ok
@@ -111,11 +110,12 @@ def main(argv=None):
     p.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16, 32])
     p.add_argument("--prompt", type=int, default=64)
     args = p.parse_args(argv)
-    models = {f: n_params(zoo.build(f)) for f in zoo.FAMILIES}
+    built = {f: zoo.build(f) for f in zoo.FAMILIES}
+    models = {f: n_params(m) for f, m in built.items()}
     largest = max(models, key=models.get)
     families = [largest]
-    if FAMILIES[largest].recurrent is not None:
-        attn = {f: s for f, s in models.items() if FAMILIES[f].recurrent is None}
+    if hybrid(built[largest]):
+        attn = {f: s for f, s in models.items() if not hybrid(built[f])}
         families.append(max(attn, key=attn.get))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"MLX {mx.__version__}, device {mx.default_device()}, {os.cpu_count()} CPUs, "

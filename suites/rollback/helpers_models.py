@@ -16,7 +16,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from suites.rollback.caches import assert_same, observe
+from suites.rollback.helpers_caches import assert_same, observe
 from treespec import zoo
 from treespec.rollback import capture_recurrent_inputs, commit_path, snapshot
 from treespec.verify import TreeRefused, adapter_for
@@ -107,6 +107,9 @@ class _Capturing:
     def refusal(self, model, caches, tree):
         return self.inner.refusal(model, caches, tree)
 
+    def kept_states(self):
+        return self.inner.kept_states()
+
     @contextmanager
     def inject(self, model, caches, tree):
         with self.inner.inject(model, caches, tree):
@@ -136,7 +139,7 @@ def verify(family, tree, caches):
 
 
 def known_inexact(caches, offset, tree, path) -> bool:
-    """DESIGN.md's known case: a root-only path of a multi-node tree on a full
+    """README ("Verify")'s known case: a root-only path of a multi-node tree on a full
     sliding window. The reference feeds the root alone, an in-place step
     whose keys sit in ring order; the verify computed the root in temporal
     order. Its rows (and so everything after) may differ in the last bits:

@@ -8,7 +8,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from treespec.tree import DraftTree  # noqa: F401  (re-exported for the tests)
-from treespec.verify.gdn_tree import recurrent_mixers
+from treespec.verify import adapter_for
+from treespec.verify.mixers import recurrent_mixers
 
 FAMILIES = ("qwen3_5", "qwen3_next")
 
@@ -113,28 +114,17 @@ class Flattened:
     def inject(self, model, caches, tree):
         yield
 
+    def kept_states(self):
+        return []
+
 
 def verify(model, tree, cache, strategy):
     """Logits [n, V] of one verify forward over the tree through the verify
     adapter (tree mask and depth positions into attention), with ``strategy``
     for the recurrent layers."""
-    from treespec.verify import adapter_for
-
     logits = adapter_for(model, recurrent=strategy).verify(tree, cache)
     mx.eval(logits)
     return logits
-
-
-def commit_kv(cache, tree, node, offsets):
-    """Gather the accepted path's keys/values to ``off0 .. off0+L-1``."""
-    path = tree.path_to(node)
-    for c, off in zip(cache, offsets):
-        if not isinstance(c, KVCache):
-            continue
-        idx = mx.array([off + p for p in path])
-        keys = mx.concatenate([c.keys[..., :off, :], mx.take(c.keys, idx, axis=2)], axis=2)
-        vals = mx.concatenate([c.values[..., :off, :], mx.take(c.values, idx, axis=2)], axis=2)
-        c.keys, c.values, c.offset = keys, vals, off + len(path)
 
 
 def path_logits(model, cache, tokens):

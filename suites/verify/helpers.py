@@ -1,17 +1,27 @@
 """Shared pieces of the verify suite: zoo models, cache histories, plain
-root-path references, and cache snapshots that compare every array bit."""
+root-path references, and the assertions the verify tests share. Copies,
+fingerprints, plain forwards and the rotated-keys test are the audit's own
+(treespec.audit.states), so the suite and ``treespec audit`` measure alike."""
 
-import copy
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+import pytest
 
 from treespec import zoo
+from treespec.audit.states import CacheMode, History as Replayed, clone, fingerprint, keys_rotated
+from treespec.audit.states import plain as plain_rows
+from treespec.audit.states import replay
+from treespec.errors import TreeRefused
 from treespec.tree import DraftTree
+
+__all__ = ["CONFIGS", "HYBRID", "KV_GROUP", "KV_QUANT", "REORDER_BOUND", "History",
+           "assert_refused_untouched", "assert_rows_are_root_path_forwards", "branching_trees",
+           "clone", "config_id", "fingerprint", "histories", "history", "keys_rotated",
+           "linear_trees", "max_abs_diff", "model", "plain_rows", "tokens", "window"]
 
 # (family, dtype, bits): float32 on every family; every dtype and both
 # quantizations on llama; the sliding-window families in half precision too.
@@ -70,15 +80,9 @@ class History:
         return len(self.prompt) + len(self.steps)
 
     def replay(self, model) -> list:
-        cache = make_prompt_cache(model)
-        if self.prompt:
-            mx.eval(model(mx.array(self.prompt)[None], cache=cache))
-        for t in self.steps:
-            mx.eval(model(mx.array([[t]]), cache=cache))
-        if self.kv_bits:
-            # Groups run along head_dim; the zoo's qwen3 has head_dim 32.
-            cache = [c.to_quantized(group_size=KV_GROUP, bits=self.kv_bits) for c in cache]
-        return cache
+        # Groups run along head_dim; the zoo's qwen3 has head_dim 32.
+        mode = CacheMode(f"kv-q{self.kv_bits}", self.kv_bits, KV_GROUP) if self.kv_bits else CacheMode()
+        return replay(model, Replayed(self.prompt, self.steps), mode)
 
 
 def history(n_prompt: int, n_steps: int = 0, seed: int = 0, kv_bits=None) -> History:
@@ -99,58 +103,8 @@ def histories(family: str, kv_bits=None) -> list:
     ]
 
 
-def plain_rows(model, cache, toks) -> mx.array:
-    """Logits [T, vocab] of a plain mlx-lm forward over ``toks`` from ``cache``."""
-    out = model(mx.array(list(toks))[None], cache=cache)[0]
-    mx.eval(out)
-    return out
-
-
-def keys_rotated(cache) -> bool:
-    """After a one-token step: does some RotatingKVCache hand the attention
-    its keys out of time order? ``_update_in_place`` writes into a wrapped
-    buffer at ``_idx``, so unless that write landed in the last slot the
-    keys come oldest-in-the-middle (``keys_and_values`` returns the buffer
-    as is), and the attention sums them in a rotated order."""
-    return any(
-        isinstance(c, RotatingKVCache)
-        and c.offset > c.keys.shape[2]
-        and c._idx != c.keys.shape[2]
-        for c in cache
-    )
-
-
 def max_abs_diff(a: mx.array, b: mx.array) -> float:
     return float(mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max())
-
-
-# ---------------------------------------------------------------------------
-# Snapshots: every attribute of every cache, arrays as exact bytes.
-# ---------------------------------------------------------------------------
-
-
-def _freeze(v):
-    if isinstance(v, mx.array):
-        return ("array", str(v.dtype), tuple(v.shape), np.array(v.view(mx.uint8)).tobytes()
-                if v.dtype.size else b"")
-    if isinstance(v, (list, tuple)):
-        return (type(v).__name__, tuple(_freeze(x) for x in v))
-    if isinstance(v, dict):
-        return ("dict", tuple(sorted((k, _freeze(x)) for k, x in v.items())))
-    if isinstance(v, (int, float, str, bool, type(None))):
-        return v
-    return ("object", id(v))  # functions (an instance make_mask!) by identity
-
-
-def snapshot(cache) -> list:
-    """Everything a cache list holds, including instance attributes such as
-    a leftover ``make_mask`` override, in a form that compares with ==."""
-    return [(type(c).__name__, _freeze(dict(vars(c)))) for c in cache]
-
-
-def clone(cache) -> list:
-    """An independent copy of a cache list (verified by test_support)."""
-    return copy.deepcopy(cache)
 
 
 # ---------------------------------------------------------------------------
@@ -178,3 +132,50 @@ def linear_trees(family: str) -> dict:
         "chain-5": DraftTree.linear(tokens(5, 6)),
         "longer-than-window": DraftTree.linear(tokens(w + 3, 7)),
     }
+
+
+# ---------------------------------------------------------------------------
+# Assertions shared by the verify tests
+# ---------------------------------------------------------------------------
+
+# A one-token step over rotated keys vs the same keys time-ordered, float32
+# logits: measured up to 2.2e-5 (gemma3_text, |logits| < 6) and 9.1e-5
+# (gemma4_text, softcapped at 30) over every (prompt, steps) pair up to
+# 2 windows; never a difference when the keys were in order. The bound is a
+# sanity check that the difference is summation order only; the exact pin
+# is the bit equality with row 0 of a multi-token forward.
+REORDER_BOUND = 5e-4
+
+
+def assert_rows_are_root_path_forwards(model, before, tree, logits):
+    """``before`` is an untouched copy of the cache state the tree was
+    verified from; each reference forward runs on its own copy of it."""
+    for i in range(len(tree)):
+        path = tree.path_to(i)
+        ref_cache = clone(before)
+        ref = plain_rows(model, ref_cache, [tree.tokens[j] for j in path])[-1]
+        if mx.array_equal(ref, logits[i]):
+            continue
+        if len(path) == 1 and keys_rotated(ref_cache):
+            # The one-token step saw rotated keys. The root's row must still be
+            # exactly what a multi-token plain forward gives the root.
+            concat = plain_rows(model, clone(before), [tree.tokens[0], tree.tokens[0]])[0]
+            assert mx.array_equal(concat, logits[0]), "root row differs from a time-ordered forward"
+            assert max_abs_diff(ref, logits[0]) <= REORDER_BOUND
+            continue
+        raise AssertionError(
+            f"node {i} (path {path}) differs from its root-path forward by "
+            f"{max_abs_diff(ref, logits[i]):.3g}"
+        )
+
+
+def assert_refused_untouched(adapter, tree, cache, *words, start=0):
+    """The verify refuses with a TreeRefused naming the family and ``words``,
+    and every cache is as it was."""
+    before = fingerprint(cache)
+    with pytest.raises(TreeRefused) as err:
+        adapter.verify(tree, cache, start=start)
+    assert fingerprint(cache) == before
+    for w in (adapter.model_type, *words):
+        assert w in str(err.value), (w, str(err.value))
+    return err.value

@@ -1,0 +1,64 @@
+"""The package's layering, read from its source: imports only go downward (no
+cycle), no module imports a package module inside a function (the way to
+dodge a cycle), no module assigns another package module's attributes at
+run time (pass an ``adapter=`` / ``walk=`` instead), and no module is over
+about 500 lines. Each check is first shown to fire on a planted package."""
+
+from pathlib import Path
+
+import pytest
+
+from suites.project.helpers import cycles, read
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_LINES = 500
+
+
+def _plant(tmp_path, files: dict) -> Path:
+    for name, text in files.items():
+        path = tmp_path / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_the_checks_fire_on_a_planted_package(tmp_path):
+    root = _plant(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from .b import f\n",
+        "b.py": "def f():\n    from . import a\n    return a\n",  # a cycle, dodged in a function
+        "c.py": "from . import b\n\ndef g():\n    b.f = None\n    setattr(b, 'f', None)\n",
+        "sub/__init__.py": "from .d import h\n",
+        "sub/d.py": "from .. import a\n\ndef h():\n    return a\n",
+    })
+    known, found = read(root, "pkg")
+    assert cycles(found.edges) == [["pkg.a", "pkg.b"]]
+    assert found.function_imports == [("pkg.b", 2, "pkg.a")]
+    assert [(m, t) for m, _, t in found.patches] == [("pkg.c", "b.f"), ("pkg.c", "setattr(b, ...)")]
+    assert found.edges["pkg.sub.d"] == {"pkg.a"} and found.edges["pkg.sub"] == {"pkg.sub.d"}
+
+
+@pytest.fixture(scope="module")
+def treespec_source():
+    return read(ROOT, "treespec")
+
+
+def test_the_package_imports_only_downward(treespec_source):
+    _, found = treespec_source
+    assert "treespec.rollback" in found.edges["treespec.verify.adapter"]  # the graph is read
+    assert cycles(found.edges) == []
+
+
+def test_no_package_module_is_imported_inside_a_function(treespec_source):
+    _, found = treespec_source
+    assert found.function_imports == []
+
+
+def test_no_package_module_patches_another_at_run_time(treespec_source):
+    _, found = treespec_source
+    assert found.patches == []
+
+
+def test_every_package_module_is_one_idea_of_at_most_about_500_lines(treespec_source):
+    known, _ = treespec_source
+    assert {m.name: m.lines for m in known.values() if m.lines > MAX_LINES} == {}

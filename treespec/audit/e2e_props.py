@@ -1,0 +1,88 @@
+"""Audit property of whole decodes (contract 9): at temperature 0, chain and
+tree speculative decoding emit the bytes of ``mlx_lm.generate``."""
+
+import time
+from typing import Dict, List
+
+import mlx_lm
+
+from ..decode import decode, detokenize
+from ..errors import TreeRefused
+from .records import FAIL, INEXACT, PASS, SKIP, Check
+from .subject import Subject, draft_adapter, the_adapter, the_walk, window
+
+PROMPTS = ("The quick brown fox jumps over", "def main(): return print(")
+
+
+def e2e_modes(block: int) -> Dict[str, dict]:
+    budget = max(2, 2 * (block - 1))
+    return {
+        f"chain-b{block}": dict(mode="chain", block=block),
+        "tree-2x2x1": dict(mode="tree", branching=[2, 2, 1]),
+        f"tree-confidence-b{budget}": dict(mode="tree", budget=budget, width=3),
+    }
+
+
+def e2e_tokens(s: Subject) -> int:
+    if s.options.max_tokens:
+        return s.options.max_tokens
+    w = window(s.model)
+    return max(32, w + 16) if w and w <= 48 else 32
+
+
+def drafter_note(s: Subject) -> str:
+    if s.draft_model is not None:
+        return str(s.draft_name or "the given draft model")
+    return ("the target itself (no --draft-model): it drafts its own greedy tokens, so "
+            "rounds rarely reject; rollback[...] covers rejections")
+
+
+def check_e2e(s: Subject) -> List[Check]:
+    """Temperature 0: chain and tree speculative decoding emit the bytes of
+    ``mlx_lm.generate`` (contract 9), one row per decode mode."""
+    if s.tokenizer is None:
+        return [Check("e2e", SKIP, "no tokenizer (an in-memory model): nothing to detokenize")]
+    adapter, walk = the_adapter(s), the_walk(s)[0]
+    n = e2e_tokens(s)
+    draft = s.draft_model if s.draft_model is not None else s.model
+    eos = list(s.tokenizer.eos_token_ids)
+    prompts = [s.tokenizer.encode(p) for p in PROMPTS]
+    expected = s._memo.setdefault("generate", {})
+    for p, ids in zip(PROMPTS, prompts):
+        if p not in expected:
+            expected[p] = mlx_lm.generate(s.model, s.tokenizer, prompt=ids, max_tokens=n)
+    out = []
+    for name, kw in e2e_modes(s.options.block).items():
+        t0 = time.perf_counter()
+        first, accepted, proposed, refused = None, 0, 0, None
+        for k, (p, ids) in enumerate(zip(PROMPTS, prompts)):
+            try:
+                result = decode(s.model, ids, draft_model=draft, max_tokens=n,
+                                eos_token_ids=eos, gate=False, adapter=adapter,
+                                adapter_name=s.adapter_source,
+                                draft_adapter=draft_adapter(s, draft), walk=walk, **kw)
+            except TreeRefused as e:
+                refused = e.reason
+                break
+            text = detokenize(s.tokenizer, result.tokens)
+            accepted, proposed = accepted + result.stats.accepted, proposed + result.stats.proposed
+            if text != expected[p] and first is None:
+                at = next((i for i, (a, b) in enumerate(zip(text, expected[p])) if a != b),
+                          min(len(text), len(expected[p])))
+                first = {"prompt": k, "position": at, "expected": expected[p][max(0, at - 8):at + 16],
+                         "got": text[max(0, at - 8):at + 16],
+                         "message": f"prompt {k}: text differs from char {at}: expected "
+                                    f"{expected[p][max(0, at - 8):at + 16]!r}, got "
+                                    f"{text[max(0, at - 8):at + 16]!r}"}
+        rate = f"{accepted}/{proposed} drafts accepted" if proposed else "no drafts"
+        if refused:
+            c = Check(f"e2e[{name}]", SKIP, f"the adapter refuses this mode's trees: {refused}")
+        elif first is not None:
+            status = INEXACT if s.options.allow_inexact else FAIL
+            c = Check(f"e2e[{name}]", status, f"{first['message']} ({rate})", first)
+        else:
+            c = Check(f"e2e[{name}]", PASS, f"{len(PROMPTS)} prompts x {n} tokens byte-identical "
+                      f"to mlx_lm.generate ({rate})")
+        c.seconds = time.perf_counter() - t0
+        out.append(c)
+    return out

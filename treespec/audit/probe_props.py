@@ -1,0 +1,97 @@
+"""Audit property of the exactness probe (treespec.gate): each node of a
+tree verify against single-token steps over its root path, over the e2e
+drafters' shapes, with the adapter under audit."""
+
+import hashlib
+import json
+from typing import List, Optional
+
+from ..draft import make_drafter
+from ..errors import TreeRefused
+from ..gate import CONTEXT, Probe, compare_shape, configuration
+from ..tree import DraftTree
+from .e2e_props import e2e_modes
+from .records import FAIL, INEXACT, KEY_ORDER_BOUND, PASS, Check
+from .subject import Subject, the_adapter, window
+
+
+def probe_shapes(block: int) -> List[tuple]:
+    """The shapes the e2e drafters verify (their ``probe_shapes``), in order."""
+    shapes = []
+    for kw in e2e_modes(block).values():
+        for sh in make_drafter(**kw).probe_shapes():
+            if tuple(sh) not in shapes:
+                shapes.append(tuple(sh))
+    return shapes
+
+
+def _probe(s: Subject, shapes, context: Optional[int] = None):
+    """treespec.gate's measurement of ``shapes`` with the adapter under audit
+    (compare_shape, not the memoized gate.probe: its key does not name the
+    adapter). Returns (Probe, refused shapes)."""
+    context = CONTEXT if context is None else context
+    config = configuration(s.model)
+    blob = json.dumps([config, shapes, s.adapter_source, context, s.options.draws, s.options.seed])
+    probe = Probe(hashlib.sha256(blob.encode()).hexdigest()[:16], config)
+    refused = []
+    adapter = the_adapter(s)
+    for sh in shapes:
+        try:
+            probe.shapes.append(compare_shape(s.model, sh, draws=s.options.draws,
+                                              seed=s.options.seed, context=context,
+                                              adapter=adapter))
+        except TreeRefused as e:
+            refused.append((sh, e.reason))
+    return probe, refused
+
+
+def _depth(parents) -> int:
+    return int(DraftTree([0] * len(parents), parents).depth())
+
+
+def check_probe(s: Subject) -> List[Check]:
+    """treespec.gate's exactness probe (each node of a tree verify vs
+    single-token steps over its root path, the way classic decoding computes
+    it) over the e2e drafters' shapes, with the adapter under audit.
+
+    On a sliding window the probe's context wraps the ring, and a one-token
+    step then sums its keys in ring order (README, "Verify"): a difference there
+    with no argmax flip is re-measured before the window wraps; identical
+    there, it is reported as the known key-order case (inexact, not a
+    failure), with the gate's consequence."""
+    the_adapter(s)
+    shapes = probe_shapes(s.options.block)
+    probe, refused = _probe(s, shapes)
+    s._memo["probe"] = probe
+    note = f"; {len(refused)} branching shapes refused ({refused[0][1]})" if refused else ""
+    bad = [r for r in probe.shapes if not r.identical]
+    ms = sorted({r.m for r in probe.shapes})
+    if not bad:
+        return [Check("probe", PASS, f"{len(probe.shapes)} shapes (M {ms[0]}-{ms[-1]}) x "
+                      f"{s.options.draws} draws bit-identical to single-token steps, 0 argmax "
+                      f"flips{note}", max_diff=0.0)]
+    first = {"shape": list(bad[0].shape), "node": bad[0].first_node,
+             "max_abs_diff": bad[0].max_abs_diff,
+             "message": f"M={bad[0].m} shape {','.join(map(str, bad[0].shape))} node {bad[0].first_node}"}
+    detail = (f"{len(bad)}/{len(probe.shapes)} shapes differ from single-token steps, max |diff| "
+              f"{probe.max_abs_diff:.3g}, {probe.argmax_flips} argmax flips; first: {first['message']}")
+    w = window(s.model)
+    if w and probe.argmax_flips == 0 and probe.max_abs_diff <= KEY_ORDER_BOUND:
+        fits = [sh for sh in shapes if _depth(sh) + 2 <= w]
+        depth = max((_depth(sh) for sh in fits), default=0)
+        context = w - depth - 1
+        if fits and context < CONTEXT:
+            before, _ = _probe(s, fits, context)
+            s._memo["probe_before_wrap"] = before
+            if before.identical:
+                return [Check("probe", INEXACT, (
+                    f"{detail}; before the window wraps (context {context}) all {len(before.shapes)} "
+                    f"shapes are bit-identical: only the known key-order case (a one-token step on "
+                    f"a wrapped window sums its keys in ring order; tree-verify checks wrapped "
+                    f"windows against time-ordered forwards). treespec.gate declines speculative "
+                    f"decoding here unless --allow-inexact{note}"), first, probe.max_abs_diff)]
+            bad2 = next(r for r in before.shapes if not r.identical)
+            detail += (f"; before the window wraps too: M={bad2.m} shape "
+                       f"{','.join(map(str, bad2.shape))} node {bad2.first_node} by {bad2.max_abs_diff:.3g}")
+    return [Check("probe", INEXACT if s.options.allow_inexact else FAIL, detail + note, first,
+                  probe.max_abs_diff)]

@@ -1,0 +1,164 @@
+"""The audit's records: one :class:`Check` per property (and cache or decode
+mode), the options, the report, and the tally that compares logits."""
+
+from dataclasses import asdict, dataclass
+from typing import Any, List, Optional
+
+import mlx.core as mx
+
+PASS, FAIL, SKIP, INEXACT = "pass", "FAIL", "skip", "inexact"
+# A one-token step on a wrapped sliding window sums its keys in ring order
+# (README, "Verify"); after committing a root-only path there, later logits
+# may differ in the last bits from a reference that fed the root alone.
+KEY_ORDER_BOUND = 1e-3
+
+
+@dataclass
+class Check:
+    """One row of the audit: a property (in one cache mode or decode mode)."""
+
+    name: str
+    status: str  # pass | FAIL | skip | inexact
+    detail: str
+    first_failure: Optional[dict] = None
+    max_diff: Optional[float] = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status != FAIL
+
+    @property
+    def prop(self) -> str:
+        """The property this row belongs to (its name without ``[mode]``)."""
+        return self.name.split("[", 1)[0]
+
+    def line(self) -> str:
+        return f"{self.name}: {self.status}: {self.detail}"
+
+
+@dataclass
+class Options:
+    block: int = 4  # chain verify width for e2e and the probe shapes
+    draws: int = 3  # random trees per history (and probe draws)
+    seed: int = 0
+    allow_inexact: bool = False
+    tolerance: float = 0.05  # max |diff| accepted as "inexact" with allow_inexact
+    max_tokens: Optional[int] = None  # e2e length (default: past the window)
+
+
+@dataclass
+class Report:
+    header: dict
+    checks: List[Check]
+    probe: Any = None  # treespec.gate.Probe
+    seconds: float = 0.0
+    probe_before_wrap: Any = None  # the re-measurement of a windowed model
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def failed(self) -> List[str]:
+        return [c.name for c in self.checks if not c.ok]
+
+    def to_json(self) -> dict:
+        return {
+            "ok": self.ok,
+            "header": self.header,
+            "checks": [{**asdict(c), "ok": c.ok} for c in self.checks],
+            "failed": self.failed(),
+            "probe": self.probe.to_json() if self.probe is not None else None,
+            "probe_before_wrap": (self.probe_before_wrap.to_json()
+                                  if self.probe_before_wrap is not None else None),
+            "seconds": round(self.seconds, 2),
+        }
+
+
+class Tally:
+    """Comparisons of one property: counts, worst difference, first failure."""
+
+    def __init__(self, opts: Options):
+        self.opts = opts
+        self.count = self.failures = self.inexact = 0
+        self.worst = 0.0
+        self.first: Optional[dict] = None
+        self.notes: List[str] = []
+        self.refused: List[str] = []
+
+    def compare(self, got: mx.array, want: mx.array, where: dict, bound: Optional[float] = None) -> bool:
+        """``bound``: a known, pinned inexact case compared within it."""
+        self.count += 1
+        if got.shape == want.shape and mx.array_equal(got, want).item():
+            return True
+        if got.shape != want.shape:
+            diff, flip = float("inf"), True
+        else:
+            diff = float(mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item())
+            flip = _argmax(got) != _argmax(want)
+        self.worst = max(self.worst, diff) if diff == diff else float("nan")
+        if bound is not None and diff <= bound:
+            return True
+        if self.opts.allow_inexact and diff <= self.opts.tolerance:
+            self.inexact += 1
+            return True
+        self.failures += 1
+        if self.first is None:
+            self.first = {**where, "max_abs_diff": diff, "argmax_flip": flip}
+        return False
+
+    def fail(self, where: dict):
+        self.count += 1
+        self.failures += 1
+        if self.first is None:
+            self.first = where
+
+    def note(self, text: str):
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def check(self, name: str, what: str) -> Check:
+        notes = "".join(f"; {n}" for n in self.notes)
+        if self.failures:
+            worst = ""
+            if self.first and self.worst > self.first.get("max_abs_diff", self.worst):
+                worst = f" (max |diff| overall {self.worst:.3g})"
+            return Check(name, FAIL, f"{self.failures}/{self.count} {what} differ; first: "
+                         f"{_where(self.first)}{worst}{notes}", self.first, self.worst)
+        if self.count == 0:
+            why = self.refused[0] if self.refused else "nothing to compare"
+            return Check(name, SKIP, f"{why}{notes}", None, None)
+        if self.inexact:
+            return Check(name, INEXACT, f"{self.inexact}/{self.count} {what} within "
+                         f"--tolerance {self.opts.tolerance:g} (max |diff| {self.worst:.3g}), "
+                         f"the rest bit-identical{notes}", None, self.worst)
+        return Check(name, PASS, f"{self.count} {what} bit-identical{notes}", None, self.worst)
+
+
+def _argmax(x: mx.array) -> int:
+    return int(mx.argmax(x.reshape(-1, x.shape[-1])[-1]).item())
+
+
+def _where(first: Optional[dict]) -> str:
+    """A failure location as one readable clause."""
+    if not first:
+        return "?"
+    f = dict(first)
+    parts = []
+    if "message" in f:
+        parts.append(f.pop("message"))
+    if "node" in f:
+        path = "-".join(map(str, f.get("path", ())))
+        parts.append(f"node {f['node']} (path {path})")
+    if "step" in f:
+        parts.append(f"decode step {f['step']} (tokens {f.get('tokens')})")
+    if "committed" in f:
+        parts.append(f"after committing {f['committed']}")
+    if "history" in f:
+        parts.append(f"at {f['history']}")
+    if "mode" in f:
+        parts.append(f"[{f['mode']}]")
+    if "max_abs_diff" in f:
+        d = f["max_abs_diff"]
+        parts.append(f"max |diff| {d:.3g}" + (", argmax flipped" if f.get("argmax_flip") else ""))
+    return " ".join(parts)

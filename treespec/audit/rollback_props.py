@@ -1,0 +1,96 @@
+"""Audit property of the commit (contract 7): after verify + commit of a
+random root path, later decode steps give the logits of a cache that was
+only ever fed the paths, in every cache mode."""
+
+import random
+from typing import List
+
+import mlx.core as mx
+import numpy as np
+
+from .. import caches
+from ..errors import RollbackRefused, TreeRefused
+from ..tree import DraftTree
+from .records import KEY_ORDER_BOUND, Check, Tally
+from .states import CacheMode, base_cache, clone, fingerprint, histories, plain, random_tree, wrapped
+from .subject import Subject, the_adapter, vocab, window
+
+
+def _rollback_paths(tree: DraftTree, d: int, rng) -> List[int]:
+    """Root only, the deepest branch in full, or the path to a random node."""
+    choice = d % 3
+    node = 0 if choice == 0 else int(np.argmax(tree.depths())) if choice == 1 else rng.randrange(len(tree))
+    return tree.path_to(node)
+
+
+def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
+    """Two rounds of verify + commit of a random root path; then single- and
+    multi-token decode steps give the same logits as a cache that was only
+    ever fed the paths (contract 7)."""
+    adapter, model = the_adapter(s), s.model
+    rng = random.Random(f"{s.options.seed}:rollback:{mode.name}")
+    v, w = vocab(s), window(model)
+    tally = Tally(s.options)
+    linear_only = None
+    verify_differs = None
+    for hist in histories(s)[1:]:
+        base = base_cache(s, hist, mode)
+        for d in range(s.options.draws):
+            ours, ref = clone(base), clone(base)
+            exact, committed = True, []
+            for r in range(2):
+                offset, was_wrapped = caches.offset(ours), wrapped(ours)
+                tree = random_tree(rng, v, rng.randrange(5, 10), ("random", "mixed")[r])
+                before = fingerprint(ours)
+                try:
+                    logits = adapter.verify(tree, ours)
+                except TreeRefused as e:
+                    if fingerprint(ours) != before:
+                        tally.fail({"message": "a refused verify changed the cache",
+                                    "history": hist.label(w), "mode": mode.name})
+                    linear_only = linear_only or e.reason
+                    tree = DraftTree.linear(tree.tokens[: rng.randrange(2, 6)])
+                    try:
+                        logits = adapter.verify(tree, ours)
+                    except TreeRefused as e:
+                        tally.refused.append(f"the adapter refuses chains here too: {e.reason}")
+                        break
+                mx.eval(logits)
+                path = _rollback_paths(tree, d + r, rng)
+                if was_wrapped and len(path) == 1 < len(tree):
+                    # The reference feeds the root alone: a one-token step on
+                    # a full window sums its keys in ring order (README, "Verify").
+                    exact = False
+                pre = fingerprint(ours)
+                try:
+                    adapter.commit(ours, tree, path, offset)
+                except RollbackRefused as e:
+                    if fingerprint(ours) != pre:
+                        tally.fail({"message": f"a refused commit changed the cache ({e})",
+                                    "history": hist.label(w), "mode": mode.name})
+                    tally.refused.append(f"commit refused: {e}")
+                    break
+                ref_rows = plain(model, ref, [tree.tokens[j] for j in path])
+                committed.append(path)
+                if r == 0 and exact and verify_differs is None and not mx.array_equal(
+                        logits[mx.array(path)], ref_rows).item():
+                    verify_differs = path
+            else:
+                where = {"history": hist.label(w), "mode": mode.name, "committed": committed}
+                chunks = [[rng.randrange(v)] for _ in range(2)] + [[rng.randrange(v) for _ in range(3)],
+                                                                    [rng.randrange(v)]]
+                for k, chunk in enumerate(chunks):
+                    a, b = plain(model, ours, chunk), plain(model, ref, chunk)
+                    tally.compare(a, b, {**where, "step": k, "tokens": chunk},
+                                  None if exact else KEY_ORDER_BOUND)
+                if not exact:
+                    tally.note("root-only commits on a wrapped window compared within "
+                               f"{KEY_ORDER_BOUND:g} (README, 'Verify': key order)")
+    if linear_only:
+        tally.note(f"linear trees only: the adapter refuses branching trees ({linear_only})")
+    if tally.refused:
+        tally.note(f"{len(tally.refused)} commits refused ({tally.refused[0]})")
+    if tally.failures and verify_differs is not None:
+        tally.note(f"the verify rows along path {verify_differs} already differed from the "
+                   "reference's (see tree-verify)")
+    return tally.check(f"rollback[{mode.name}]", "later decode steps")

@@ -1,0 +1,154 @@
+"""Running the audit: every property by name, the report and its text."""
+
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import mlx.core as mx
+import mlx_lm
+
+from .. import blas
+from ..errors import TreeRefused
+from ..gate import configuration
+from .e2e_props import check_e2e, drafter_note
+from .probe_props import check_probe
+from .records import FAIL, INEXACT, PASS, SKIP, Check, Options, Report
+from .rollback_props import check_rollback
+from .states import cache_modes
+from .subject import cache_summary
+from .subject import Subject, subject, the_adapter, the_walk
+from .verify_props import check_adapter, check_linear_verify, check_tree_verify
+from .walk_props import check_walk_linear, check_walk_siblings
+
+PROPERTIES = (
+    "adapter",
+    "linear-verify",
+    "tree-verify",
+    "rollback",
+    "walk-linear",
+    "walk-siblings",
+    "e2e",
+    "probe",
+)
+
+
+def _per_mode(fn):
+    def run(s: Subject) -> List[Check]:
+        modes, why_not = cache_modes(s.model)
+        out = []
+        for m in modes:
+            t0 = time.perf_counter()
+            out.append(fn(s, m))
+            out[-1].seconds = time.perf_counter() - t0
+        if why_not:
+            out.append(Check(f"{fn.__name__[6:].replace('_', '-')}[kv-quant]", SKIP, f"n/a: {why_not}"))
+        return out
+
+    return run
+
+
+CHECKS = {
+    "adapter": check_adapter,
+    "linear-verify": check_linear_verify,
+    "tree-verify": _per_mode(check_tree_verify),
+    "rollback": _per_mode(check_rollback),
+    "walk-linear": check_walk_linear,
+    "walk-siblings": check_walk_siblings,
+    "e2e": check_e2e,
+    "probe": check_probe,
+}
+NEEDS_ADAPTER = {"linear-verify", "tree-verify", "rollback", "e2e", "probe"}
+
+
+def check(prop: str, s: Subject) -> List[Check]:
+    """Run one property; its rows. A crash is a failure of that property."""
+    if prop not in CHECKS:
+        raise ValueError(f"unknown property {prop!r}; known: {', '.join(PROPERTIES)}")
+    t0 = time.perf_counter()
+    if prop in NEEDS_ADAPTER:
+        try:
+            the_adapter(s)
+        except TreeRefused:
+            return [Check(prop, SKIP, "no adapter (see the adapter row)")]
+    try:
+        out = CHECKS[prop](s)
+    except Exception as e:
+        tb = traceback.extract_tb(e.__traceback__)[-1]
+        out = [Check(prop, FAIL, f"crashed: {type(e).__name__}: {e} "
+                     f"({Path(tb.filename).name}:{tb.lineno})",
+                     {"message": f"{type(e).__name__}: {e}"})]
+    dt = time.perf_counter() - t0
+    for c in out:
+        c.seconds = c.seconds or dt / len(out)
+    return out
+
+
+def header(s: Subject) -> dict:
+    cfg = configuration(s.model)
+    try:
+        adapter = repr(the_adapter(s))
+    except TreeRefused as e:
+        adapter = f"refused: {e.reason}"
+    return {
+        "model": s.name,
+        "model_type": cfg["model_type"],
+        "dtypes": cfg["dtypes"],
+        "weight_quant": cfg["weight_quant"],
+        "weights": cfg["weights"],
+        "caches": cache_summary(s.model),
+        "adapter": adapter,
+        "adapter_source": s.adapter_source,
+        "walk": the_walk(s)[1],
+        "drafter": drafter_note(s),
+        "blas": blas.describe(blas.detect()),
+        "device": cfg["device"],
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "options": asdict(s.options),
+    }
+
+
+def run(s: Subject, properties: Sequence[str] = PROPERTIES) -> Report:
+    t0 = time.perf_counter()
+    checks = []
+    for prop in properties:
+        checks += check(prop, s)
+    return Report(header(s), checks, s._memo.get("probe"), time.perf_counter() - t0,
+                  s._memo.get("probe_before_wrap"))
+
+
+def audit(model_path, draft_path=None, adapter: Optional[str] = None,
+          properties: Sequence[str] = PROPERTIES, **options) -> Report:
+    """In-process ``treespec audit``: load, run, return the :class:`Report`."""
+    return run(subject(model_path, draft_path, adapter, Options(**options)), properties)
+
+
+def format_report(report: Report) -> str:
+    h = report.header
+    quant = f", {'/'.join(h['weight_quant'])} weights" if h["weight_quant"] else ""
+    lines = [
+        f"treespec audit: {h['model']}",
+        f"  model    {h['model_type']} ({', '.join(d.removeprefix('mlx.core.') for d in h['dtypes'])}{quant}); "
+        f"caches {h['caches']}",
+        f"  adapter  {h['adapter']} from {h['adapter_source']}; walk {h['walk']}",
+        f"  drafter  {h['drafter']}",
+        f"  BLAS     {h['blas'].removeprefix('BLAS: ')}",
+        f"  device   {h['device']}; mlx {h['mlx']}, mlx-lm {h['mlx_lm']}",
+        "",
+    ]
+    width = max([len("property")] + [len(c.name) for c in report.checks])
+    lines.append(f"{'property':<{width}}  {'result':<7}  detail")
+    lines.append(f"{'-' * width}  {'-' * 7}  {'-' * 6}")
+    for c in report.checks:
+        lines.append(f"{c.name:<{width}}  {c.status:<7}  {c.detail}")
+    if report.probe is not None:
+        lines += ["", report.probe.table()]
+    if report.probe_before_wrap is not None:
+        lines += ["", "before the window wraps:", report.probe_before_wrap.table()]
+    counts = {st: sum(c.status == st for c in report.checks) for st in (PASS, INEXACT, SKIP, FAIL)}
+    summary = ", ".join(f"{n} {st}" for st, n in counts.items() if n)
+    verdict = "PASSED" if report.ok else f"FAILED ({', '.join(report.failed())})"
+    lines += ["", f"{verdict}: {summary} in {report.seconds:.1f} s"]
+    return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""Audit properties of the adapter and its verify: the adapter exists and
+only reads in ``check``; a linear tree's rows equal one plain forward
+(contract 6 on chains); every node of a branching tree equals a plain
+forward over its root path, in every cache mode (contract 6)."""
+
+import random
+from typing import List
+
+import mlx.core as mx
+
+from ..errors import TreeRefused
+from ..tree import DraftTree
+from .records import FAIL, PASS, Check, Tally
+from .states import (CacheMode, base_cache, branching_trees, clone, fingerprint, histories,
+                     keys_rotated, plain, random_tree)
+from .subject import Subject, the_adapter, the_walk, vocab, window
+
+
+def check_adapter(s: Subject) -> List[Check]:
+    """The adapter exists (or the family's refusal, by name), has the
+    TreeAdapter interface, and its ``check`` only reads."""
+    try:
+        adapter = the_adapter(s)
+    except TreeRefused as e:
+        return [Check("adapter", FAIL, f"refused ({s.adapter_source}): {e}",
+                      {"message": str(e), "family": e.family})]
+    missing = [m for m in ("verify", "commit", "check") if not callable(getattr(adapter, m, None))]
+    if missing:
+        return [Check("adapter", FAIL, f"{adapter!r} from {s.adapter_source} lacks "
+                      f"{', '.join(missing)} (TreeAdapter interface)", {"missing": missing})]
+    hist = histories(s)[3]
+    cache = base_cache(s, hist, CacheMode())
+    before = fingerprint(cache)
+    tree = random_tree(random.Random(f"{s.options.seed}:adapter"), vocab(s), 7)
+    note = ""
+    try:
+        adapter.check(tree, cache)
+    except TreeRefused as e:
+        note = f"; check refuses a branching tree: {e.reason}"
+    if fingerprint(cache) != before:
+        return [Check("adapter", FAIL, "check() wrote into the cache (it must only read)",
+                      {"message": "check() changed the cache", "history": hist.label(window(s.model))})]
+    walk = the_walk(s)[1]
+    return [Check("adapter", PASS, f"{adapter!r} from {s.adapter_source}; walk {walk}{note}")]
+
+
+def check_linear_verify(s: Subject) -> List[Check]:
+    """A linear tree's verify rows equal one plain forward over the chain
+    (what mlx-lm's speculative decoding runs), from the same cache state."""
+    adapter, model = the_adapter(s), s.model
+    rng = random.Random(f"{s.options.seed}:linear")
+    v, w = vocab(s), window(model)
+    lengths = sorted({1, 2, s.options.block, s.options.block + 2} | ({w + 3} if w and w <= 32 else set()))
+    tally = Tally(s.options)
+    for hist in histories(s):
+        base = base_cache(s, hist, CacheMode())
+        for n in lengths:
+            tree = DraftTree.linear([rng.randrange(v) for _ in range(n)])
+            logits = _verify_copy(tally, adapter, tree, base, hist, w, f"chain of {n}", "refused")
+            if logits is None:
+                continue
+            ref = plain(model, clone(base), tree.tokens)
+            where = {"history": hist.label(w), "chain": n, "tree": list(tree.parents)}
+            if logits.shape != ref.shape:
+                tally.fail({**where, "message": f"verify returned {tuple(logits.shape)}, "
+                            f"expected {tuple(ref.shape)}"})
+                continue
+            for i in range(n):
+                tally.compare(logits[i], ref[i], {**where, "node": i, "path": list(range(i + 1))})
+    if tally.refused:
+        tally.note(f"{len(tally.refused)} chains refused ({tally.refused[0]})")
+    return [tally.check("linear-verify", f"rows of chains {lengths} at {len(histories(s))} offsets")]
+
+
+def _verify_copy(tally, adapter, tree, base, hist, w, what, refused):
+    """The evaluated verify logits of ``tree`` on a copy of ``base``, or None
+    when the adapter refuses: the refusal is noted and (contract 8) the copy
+    must be left as it was."""
+    cache = clone(base)
+    try:
+        logits = adapter.verify(tree, cache)
+        mx.eval(logits)
+        return logits
+    except TreeRefused as e:
+        tally.refused.append(f"{refused}: {e.reason}")
+        if fingerprint(cache) != fingerprint(base):
+            tally.fail({"message": f"a refused verify of a {what} changed the cache",
+                        "history": hist.label(w)})
+        return None
+
+
+def check_tree_verify(s: Subject, mode: CacheMode = CacheMode()) -> Check:
+    """Every node's verify row equals the last row of a plain forward over
+    that node's root path from a copy of the same cache (contract 6)."""
+    adapter, model = the_adapter(s), s.model
+    rng = random.Random(f"{s.options.seed}:tree:{mode.name}")
+    w = window(model)
+    tally = Tally(s.options)
+    trees = 0
+    for hist in histories(s):
+        base = base_cache(s, hist, mode)
+        for tree in branching_trees(s, rng):
+            trees += 1
+            logits = _verify_copy(tally, adapter, tree, base, hist, w, f"{len(tree)}-node tree",
+                                  "adapter refuses branching trees")
+            if logits is None:
+                continue
+            where = {"history": hist.label(w), "mode": mode.name, "tree": list(tree.parents)}
+            if logits.shape[0] != len(tree):
+                tally.fail({**where, "message": f"verify returned {logits.shape[0]} rows "
+                            f"for {len(tree)} nodes"})
+                continue
+            for i in range(len(tree)):
+                path = tree.path_to(i)
+                ref_cache = clone(base)
+                ref = plain(model, ref_cache, [tree.tokens[j] for j in path])[-1]
+                bound_ref = None
+                if len(path) == 1 and not mx.array_equal(ref, logits[0]).item() and keys_rotated(ref_cache):
+                    # The root alone is a one-token step over ring-ordered keys;
+                    # the verify's root row must equal a time-ordered forward's.
+                    bound_ref = plain(model, clone(base), [tree.tokens[0]] * 2)[0]
+                    tally.note("root rows on a wrapped window compared with a time-ordered "
+                               "forward (README, 'Verify': key order)")
+                tally.compare(logits[i], ref if bound_ref is None else bound_ref,
+                              {**where, "node": i, "path": path})
+    if tally.refused and tally.count:
+        tally.note(f"{len(tally.refused)} trees refused ({tally.refused[0]})")
+    name = f"tree-verify[{mode.name}]"
+    return tally.check(name, f"nodes of {trees // len(histories(s))} trees x "
+                       f"{len(histories(s))} offsets")

@@ -1,0 +1,157 @@
+"""``treespec bench``: its flags, the pair it runs on, and its printed report
+(the measurements are treespec.bench's)."""
+
+import json
+import sys
+import time
+
+from . import auto, scaled
+from .bench import (DEFAULT_BLOCKS, FIXED_TREES, PROMPTS, SharedProbe, auto_config, bench,
+                    build_configs, describe_choice, parse_blocks, parse_trees)
+from .bench_report import format_curve, format_report, machine_info, write_plots
+from .checkpoints import check_same_tokenizer, default_pair, load_checkpoint
+from .costcurve import parse_dims, verify_cost_curve
+from .errors import UsageError
+from .models import n_params
+
+
+
+
+CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
+
+
+def cmd_bench(args) -> int:
+    t_start = time.perf_counter()
+    say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else \
+        (lambda s: print(s, flush=True))
+    if args.plot:  # fail before minutes of measuring, not after
+        try:
+            import matplotlib  # noqa: F401  (an optional dependency)
+        except ImportError:
+            raise UsageError("--plot needs matplotlib, which is not installed: pip install matplotlib")
+    model_path, draft_path = args.model, args.draft_model
+    if args.scaled is not None and (model_path or draft_path):
+        raise UsageError("--scaled builds its own pair; give it without --model/--draft-model")
+    if model_path is None and args.scaled is None:
+        if draft_path is not None:
+            raise UsageError("--draft-model given without --model")
+        model_path, draft_path = default_pair()
+    elif draft_path is None and args.scaled is None:
+        raise UsageError("--model given without --draft-model: bench compares speculative modes")
+    if args.prompts < 1 or args.prompts > len(PROMPTS):
+        raise UsageError(f"--prompts must be 1..{len(PROMPTS)}")
+    machine = machine_info()
+    attention = f"; {machine['attention']}" if "attention" in machine else ""  # CUDA only
+    say(f"machine: {machine['blas']}; mlx {machine['mlx']}, mlx-lm {machine.get('mlx_lm')}, "
+        f"{machine['device']}, {machine['cpus']} CPUs, load {machine.get('loadavg')}; "
+        f"treespec git {machine['git']}{attention}")
+    auto_prompts = tokenizer = None
+    if args.scaled is not None:
+        hidden, layers = args.scaled
+        target, draft = scaled.build_pair(hidden, layers, args.draft_layers, args.alpha)
+        # Random weights know no text: seeded token prompts, no EOS; auto
+        # calibrates on prompts of its own, as with the trained pair.
+        prompts = scaled.default_prompts(args.prompts + 2)
+        prompts, auto_prompts = prompts[: args.prompts], prompts[args.prompts:]
+        eos = []
+        pair = (f"scaled llama {hidden}x{layers} bf16 ({n_params(target) / 1e9:.2f}B), "
+                f"drafter its first {args.draft_layers} layers "
+                f"({n_params(draft) / 1e9:.2f}B), alpha {args.alpha}")
+        report_extra = {"machine": machine, "model": pair, "draft_model": pair,
+                        "prompts_text": None}
+        say(f"pair: {pair}")
+    else:
+        target, tokenizer = load_checkpoint(model_path, "model")
+        draft, draft_tok = load_checkpoint(draft_path, "draft-model")
+        check_same_tokenizer(tokenizer, draft_tok, target, draft)
+        say(f"pair: target {model_path}, draft {draft_path}")
+        texts = PROMPTS[: args.prompts]
+        prompts = [tokenizer.encode(t) for t in texts]
+        eos = list(tokenizer.eos_token_ids)
+        report_extra = {"machine": machine, "model": str(model_path),
+                        "draft_model": str(draft_path), "prompts_text": texts}
+
+    curve = None
+    if args.verify_curve:
+        t0 = time.perf_counter()
+        curve = verify_cost_curve(target, CURVE_TS, context=64, repeats=7, warmup=2)
+        say(format_curve(curve, f"target, {time.perf_counter() - t0:.1f}s"))
+        report_extra["verify_curve"] = curve
+
+    configs = build_configs(args.blocks, args.trees, args.width, mlx_lm=not args.no_mlx_lm)
+    gate = SharedProbe()
+    if not args.no_auto:
+        t0 = time.perf_counter()
+        choice = auto.choose(target, draft, auto_prompts, tokenizer=tokenizer,
+                             max_block=max(args.blocks), trees=args.trees,
+                             width=args.width, allow_inexact=args.allow_inexact,
+                             eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s))
+        say(f"auto ({time.perf_counter() - t0:.1f}s calibration): {describe_choice(choice)}: "
+            f"{choice['reason']}")
+        report_extra["auto"] = {k: v for k, v in choice.items()}
+        configs.append(auto_config(choice))
+        if curve is None:
+            curve = choice.get("details", {}).get("curve")
+
+    say(f"bench: {len(configs)} configurations x {len(prompts)} prompts x {args.max_tokens} "
+        f"tokens, {args.repeats} interleaved repeats")
+    report = bench(target, draft, prompts, configs, max_tokens=args.max_tokens,
+                   repeats=args.repeats, eos=eos, allow_inexact=args.allow_inexact,
+                   max_seconds=args.max_seconds,
+                   decide=gate, log=say)
+    report.update(report_extra)
+    report["seconds"] = time.perf_counter() - t_start
+    if args.plot:
+        report["plots"] = write_plots(report, args.plot, curve)
+    if args.json:
+        print(json.dumps(report, default=str))
+    else:
+        print()
+        what = "seeded token" if args.scaled else "Python"
+        print(f"{len(prompts)} {what} prompts x {args.max_tokens} tokens, median of "
+              f"{report['repeats']} interleaved repeats; {machine['blas']}; mlx {machine['mlx']}; "
+              f"git {machine['git']}{attention}")
+        print(format_report(report))
+        if "auto" in report:
+            print(f"\nauto chose {describe_choice(report['auto'])}: {report['auto']['reason']}")
+        for p in report.get("plots", []):
+            print(f"wrote {p}")
+        print(f"({report['seconds']:.0f} s)")
+    return 0
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="throughput of classic, chain, tree, auto and mlx-lm, "
+                       "each figure gated by the exactness checks of the same run")
+    p.add_argument("--model", help="target mlx-lm checkpoint (default: the trained pair)")
+    p.add_argument("--draft-model", help="draft mlx-lm checkpoint (with --model)")
+    p.add_argument("--prompts", type=int, default=3, help=f"Python prompts, 1..{len(PROMPTS)}")
+    p.add_argument("--max-tokens", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats (medians)")
+    p.add_argument("--max-seconds", type=float,
+                   help="start no repeat past this many seconds of timed runs (at least one "
+                   "runs; the table says how many its medians cover)")
+    p.add_argument("--blocks", type=parse_blocks, default=parse_blocks(DEFAULT_BLOCKS),
+                   help="chain blocks (and confidence budgets block-1): LO..HI or a list")
+    p.add_argument("--trees", type=parse_trees,
+                   default=[tuple(t) for t in FIXED_TREES],
+                   help="fixed topologies as branching lists or parent lists, e.g. "
+                   "--trees=\"2,1,1 -1,0,0,1,1\" ('' for none)")
+    p.add_argument("--width", type=int, default=4, help="confidence tree: top-k per expansion")
+    p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's speculative decoding")
+    p.add_argument("--no-auto", action="store_true", help="skip auto's calibration and row")
+    p.add_argument("--plot", metavar="DIR", help="write PNGs (needs matplotlib)")
+    p.add_argument("--verify-curve", action="store_true",
+                   help="measure one target forward's cost for T=1..64 and print it")
+    p.add_argument("--json", action="store_true", help="one JSON report on stdout")
+    p.add_argument("--allow-inexact", action="store_true",
+                   help="time configurations whose probe found differences (still text-diffed)")
+    p.add_argument("--scaled", type=parse_dims, metavar="HIDDENxLAYERS",
+                   help="instead of a checkpoint pair: a random bf16 llama of this size and a "
+                   "drafter cut from it (treespec.scaled), e.g. 2048x16 (~0.8B)")
+    p.add_argument("--draft-layers", type=int, default=2, help="--scaled: the drafter's depth")
+    p.add_argument("--alpha", type=float, default=0.3,
+                   help="--scaled: damping of the layers the drafter lacks (sets acceptance)")
+    p.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
+                   help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
+    p.set_defaults(func=cmd_bench)

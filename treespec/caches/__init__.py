@@ -1,0 +1,155 @@
+"""One entry per mlx-lm cache mode: everything treespec reads or writes in a cache.
+
+mlx-lm keeps one class per cache mode (``mlx_lm.models.cache``); treespec keeps
+one :class:`Mode` per class here, with one small method set, so no other
+module asks ``isinstance`` of a cache:
+
+    attention / recurrent     what kind of layer the cache belongs to
+    offset(c)                 tokens it has seen (None for a recurrent state)
+    verify_refusal(c)         why a tree verify cannot write into it now, or None
+    key_positions(c)          (offset, history, default window) a tree mask counts with
+    grows_in_parts            a drafter may feed a tree in parts and compact in place
+    whole_trees_only          a verify must feed a tree in one update
+    save(c) / restore(c, s)   put it back exactly as it is now (the drafter, per round)
+    snapshot(c)               references to the pre-verify state a commit needs
+    plan_commit(...)          validate a commit of the accepted path; return its writes
+
+Lookup is by exact class (:func:`mode_of`): a subclass may change the layout
+these entries rely on, so it gets no entry and is refused by whoever asks.
+
+Commit planning (what ``treespec.rollback.commit_path`` runs for each layer):
+``plan_commit`` checks everything about one cache and raises
+``RollbackRefused`` or returns ``prepare``; ``prepare()`` returns
+``(reads, write)``, the lazy rows to read and a ``write()`` that stores them
+and returns the arrays it wrote. Nothing is read or written until every layer
+has been planned, so a refusal leaves every cache untouched.
+
+Layout: ``caches.base`` (the method set and its defaults), ``caches.attention``
+and ``caches.recurrent`` (the modes), this module (the table, CacheList, and
+the lookups every other module uses).
+"""
+
+from typing import Callable, Dict, Optional, Sequence
+
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    ChunkedKVCache,
+    ConcatenateKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+)
+
+from ..rows import Tail
+from .attention import Appending, Chunked, Concatenate, Rotating, rotating_kept, rotating_present
+from .base import Mode, refuse
+from .recurrent import Arrays
+
+__all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts",
+           "holds_recurrent", "mode_of", "offset", "offset_of", "plan_commit", "refuse",
+           "rotating_kept", "rotating_present"]
+
+
+class Listed(Mode):
+    """CacheList: several caches behind one layer, each by its own entry."""
+
+    def offset(self, c):
+        return next((o for o in map(offset_of, c.caches) if o is not None), None)
+
+    def holds_recurrent(self, c):
+        return any(mode_of(x).holds_recurrent(x) for x in c.caches)
+
+    def save(self, c):
+        return [mode_of(x, required=True).save(x) for x in c.caches]
+
+    def restore(self, c, saved):
+        for x, s in zip(c.caches, saved):
+            mode_of(x, required=True).restore(x, s)
+
+    def snapshot(self, c):
+        return [Entry(x) for x in c.caches]
+
+    def plan_commit(self, c, where, tail, entry, recurrent):
+        subs = entry.state if entry is not None else [None] * len(c.caches)
+        plans = [plan_commit(s, where + (j,), tail, e, recurrent)
+                 for j, (s, e) in enumerate(zip(c.caches, subs))]
+
+        def prepare():
+            steps = [plan() for plan in plans]
+            return [r for reads, _ in steps for r in reads], lambda: [
+                a for _, write in steps for a in write()]
+
+        return prepare
+
+
+MODES: Dict[type, Mode] = {
+    KVCache: Appending(),
+    QuantizedKVCache: Appending(),
+    ChunkedKVCache: Chunked(),
+    ConcatenateKVCache: Concatenate(),
+    RotatingKVCache: Rotating(),
+    ArraysCache: Arrays(),
+    CacheList: Listed(),
+}
+_UNKNOWN = Mode()
+
+
+def mode_of(c, required: bool = False) -> Mode:
+    """The entry for ``c``'s exact class; an unknown class gets the refusing
+    default (or, with ``required``, a TypeError naming it)."""
+    mode = MODES.get(type(c))
+    if mode is None and required:
+        raise TypeError(f"no cache mode is known for {type(c).__name__}")
+    return mode or _UNKNOWN
+
+
+def offset_of(c) -> Optional[int]:
+    return mode_of(c).offset(c)
+
+
+def offset(cache: Sequence) -> Optional[int]:
+    """Tokens a model's cache list has seen (the next token's position): the
+    offset of its positional entries, None when it has none (a purely
+    recurrent model). Raises if they disagree."""
+    offsets = {o for o in map(offset_of, cache) if o is not None}
+    if len(offsets) > 1:
+        raise ValueError(f"the caches disagree on their offset: {sorted(offsets)}")
+    return offsets.pop() if offsets else None
+
+
+def holds_recurrent(c) -> bool:
+    """Whether ``c`` is, or (a CacheList) contains, a recurrent state."""
+    return mode_of(c).holds_recurrent(c)
+
+
+def attention_caches(cache: Sequence) -> list:
+    return [c for c in cache if mode_of(c).attention]
+
+
+def grows_in_parts(cache: Sequence) -> bool:
+    return all(mode_of(c).grows_in_parts for c in cache)
+
+
+class Entry:
+    """One cache's pre-verify state: references only, never copies."""
+
+    def __init__(self, c):
+        self.cls = type(c)
+        self.offset = getattr(c, "offset", None)
+        self.state = mode_of(c).snapshot(c)
+
+
+def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Callable[[], tuple]:
+    """Validate one cache for this commit (raising before anything is written)
+    and return its ``prepare``."""
+    mode = mode_of(c)
+    if mode is _UNKNOWN:
+        refuse(c, where, "unknown cache class: no exact rollback is known for it")
+    if entry is not None:
+        if entry.cls is not type(c):
+            refuse(c, where, f"the snapshot holds a {entry.cls.__name__} here")
+        if entry.offset is not None and entry.offset != tail.offset:
+            refuse(c, where, f"snapshot offset {entry.offset} is not offset {tail.offset}: "
+                   "the snapshot was not taken right before this verify")
+    return mode.plan_commit(c, where, tail, entry, recurrent)

@@ -1,0 +1,71 @@
+"""The method set every cache mode has (:class:`Mode`: the defaults are a
+cache treespec can neither verify into nor roll back), and the checks the
+modes share."""
+
+from typing import Optional
+
+from ..errors import RollbackRefused
+from ..rows import Tail
+
+
+def refuse(c, where, reason):
+    raise RollbackRefused(reason, type(c).__name__, where)
+
+
+def _nothing():
+    return [], lambda: []
+
+
+def _check_tail(c, where, tail: Tail):
+    if c.keys is None:
+        refuse(c, where, "the cache is empty: the verify wrote no tree rows into it")
+    if c.offset != tail.offset + tail.n:
+        refuse(c, where, f"cache offset {c.offset} is not offset {tail.offset} + {tail.n} tree "
+               "nodes: the tree rows are not the last rows of this cache")
+
+
+def _batch_refusal(c) -> Optional[str]:
+    if c.keys is None:
+        return None
+    first = c.keys[0] if isinstance(c.keys, (tuple, list)) else c.keys
+    if first.shape[0] != 1:
+        return f"{type(c).__name__} holds a batch of {first.shape[0]}; tree verify is batch 1"
+    return None
+
+
+# -- the modes ----------------------------------------------------------------
+
+
+class Mode:
+    """Defaults: a cache treespec can neither verify into nor roll back."""
+
+    attention = False  # a tree mask can replace its make_mask
+    recurrent = False  # holds a recurrent layer's state
+    grows_in_parts = False
+    whole_trees_only = False
+
+    def offset(self, c) -> Optional[int]:
+        return None
+
+    def holds_recurrent(self, c) -> bool:
+        return self.recurrent
+
+    def verify_refusal(self, c) -> Optional[str]:
+        return f"{type(c).__name__} is not a cache whose mask a tree verify can replace"
+
+    def key_positions(self, c):
+        """(offset, history, default window) of the keys a tree verify's
+        attention sees in front of the nodes."""
+        return c.offset, c.offset, None
+
+    def save(self, c):
+        raise TypeError(f"the drafter cannot snapshot a {type(c).__name__}")
+
+    def restore(self, c, saved):
+        raise TypeError(f"the drafter cannot restore a {type(c).__name__}")
+
+    def snapshot(self, c):
+        return None
+
+    def plan_commit(self, c, where, tail: Tail, entry, recurrent):
+        refuse(c, where, "unknown cache class: no exact rollback is known for it")

@@ -1,0 +1,80 @@
+"""The recurrent cache mode: ArraysCache, a recurrent layer's conv windows
+and state."""
+
+import mlx.core as mx
+
+from .base import Mode, refuse
+
+
+class Arrays(Mode):
+    """ArraysCache: a recurrent layer's conv windows and state. The layers
+    assign new arrays into the slots and never write into the old ones, so
+    keeping the references is a true snapshot."""
+
+    recurrent = True
+
+    def verify_refusal(self, c):
+        if c.left_padding is not None or c.lengths is not None:
+            return "ArraysCache is prepared for a padded batch"
+        return None
+
+    def save(self, c):
+        return list(c.cache)
+
+    def restore(self, c, saved):
+        c.cache = list(saved)
+
+    def snapshot(self, c):
+        return list(c.cache), c.left_padding, c.lengths
+
+    def plan_commit(self, c, where, tail, entry, recurrent):
+        """Restore the pre-verify state, then either take the kept state of
+        the path's last node (a tree-aware recurrence kept one per node) or
+        replay the path's captured inputs through the layer's own mixer, so
+        the state is the one a model that only saw the path would hold."""
+        if entry is None or recurrent is None:
+            refuse(c, where, "a recurrent state cannot be rolled back without its pre-verify "
+                   "snapshot and the captured mixer inputs (pass snapshot= and recurrent=)")
+        arrays0, left_padding0, lengths0 = entry.state
+        if left_padding0 is not None or lengths0 is not None:
+            refuse(c, where, "batched recurrent caches (left_padding/lengths) are not supported")
+        calls = recurrent.calls_for(c)
+        if len(calls) != 1:
+            refuse(c, where, f"captured {len(calls)} calls of its mixer, expected exactly the "
+                   "verify's one")
+
+        def reset():
+            c.cache, c.left_padding, c.lengths = list(arrays0), left_padding0, lengths0
+
+        kept = recurrent.kept_for(c) if tail.n > 1 else None
+        if kept is not None:
+            node = int(tail.path[-1])
+            kept.node(node)  # raises on a node the tree does not have
+
+            def write_kept():
+                reset()
+                kept.write(c, node)
+                return [a for a in c.cache if a is not None]
+
+            return lambda: ([], write_kept)
+        layer, name, args, kwargs = calls[0]
+        module = getattr(layer, name)
+        if recurrent.is_recorder(module):
+            refuse(c, where, "commit inside capture_recurrent_inputs: the mixer is still swapped")
+        inputs = args[0] if args else None
+        if not isinstance(inputs, mx.array) or inputs.ndim < 2 or inputs.shape[1] != tail.n:
+            refuse(c, where, f"the captured mixer input does not hold the {tail.n} tree nodes")
+
+        def replay():
+            idx = mx.array(tail.path, dtype=mx.int32)
+
+            def along_path(a):  # activations and masks carry the nodes on axis 1
+                if isinstance(a, mx.array) and a.ndim >= 2 and a.shape[1] == tail.n:
+                    return mx.take(a, idx, axis=1)
+                return a
+
+            reset()
+            module(*map(along_path, args), **{k: along_path(v) for k, v in kwargs.items()})
+            return [a for a in c.cache if a is not None]
+
+        return lambda: ([], replay)

@@ -1,0 +1,50 @@
+"""What treespec reads off an mlx-lm model, and how it feeds committed text.
+
+One spelling each of: the family name (``model_type``), the width of the
+logits (``vocab_size``), the parameter count, and the prefill that every
+caller (round loop, drafter, gate, cost curve) uses so that their caches
+match the ones mlx-lm's ``generate_step`` builds.
+"""
+
+from typing import Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+# mlx-lm generate_step's default prefill chunk, so caches match classic decoding.
+PREFILL_STEP = 2048
+
+
+def model_type(model: nn.Module) -> str:
+    """The mlx-lm family name (``model_type`` of the model or its args)."""
+    mt = getattr(model, "model_type", None)
+    if mt is None and hasattr(model, "args"):
+        mt = getattr(model.args, "model_type", None)
+    return str(mt)
+
+
+def vocab_size(model: nn.Module) -> int:
+    """The width of the model's logits, read off one forward (configs spell
+    it differently, and multimodal wrappers nest it)."""
+    return int(model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1])
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(v.size for _, v in tree_flatten(model.parameters()))
+
+
+def prefill(model: nn.Module, cache, tokens: Sequence[int], step: int = PREFILL_STEP):
+    """Plain forwards over committed tokens, chunked as mlx-lm prefills."""
+    tokens = list(tokens)
+    for i in range(0, len(tokens), step):
+        model(mx.array(tokens[i : i + step])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+
+
+def prefilled(model: nn.Module, tokens: Sequence[int], step: int = PREFILL_STEP) -> list:
+    """A fresh cache (``make_prompt_cache``) with ``tokens`` prefilled."""
+    cache = make_prompt_cache(model)
+    prefill(model, cache, tokens, step)
+    return cache
