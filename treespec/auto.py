@@ -240,9 +240,8 @@ def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequen
         # The verify forward is the curve's; everything else the draft and
         # verify columns hold is drafting. Neither column alone can be trusted
         # with the forward: a backend may finish the queued verify inside the
-        # drafting wait (this CPU: conf n=7's verify column read 3.1 ms where
-        # the curve gives 14.5 ms at T=8, and moving that column along the
-        # curve predicted -4.5 ms at n=1 and chose it).
+        # drafting wait, and moving such a column along the curve can predict
+        # a negative cost for a small budget.
         drafting = max(tree["draft_ms"] + tree["verify_ms"] - _interp(curve, tree["nodes"]), 0.0)
         for n in range(1, big + 1):
             # Nodes actually verified scale with the budget (rounds cut short by

@@ -211,9 +211,9 @@ def format_report(report: dict) -> str:
 
 
 # auto's predictions are from the fastest calibration repeat, so a timed row
-# a little under its prediction is normal (this CPU: 1.08x at ca285ec); the
-# H200 runs at af03c15 read 0.31-0.39x, where every timed row was 2-10x slower
-# than the same configuration outside the bench.
+# a little under its prediction is normal; far under it, the timed rows ran
+# slower than the same configuration outside the bench (README, "On the H200":
+# cuDNN attention's graph builds did that).
 SUSPECT_BELOW = 0.7
 
 

@@ -97,9 +97,9 @@ class BlasInfo:
         """Stable string naming the numerics regime, for keying exactness verdicts.
 
         The library's version/kernel is in it (OpenBLAS picks its kernel by CPU, and the kernel
-        decides the summation order), and so is a multi-threaded BLAS's thread count: measured
-        with OpenBLAS 0.3.21, the same float32 forward gives logits 3-4e-6 apart with
-        OPENBLAS_NUM_THREADS=1 and 2 (each bit-reproducible on its own).
+        decides the summation order), and so is a multi-threaded BLAS's thread count: the same
+        float32 forward gives different logits with one and two OpenBLAS threads, each
+        bit-reproducible on its own.
         """
         parts = [self.device_type, self.name]
         if self.name == "gpu":

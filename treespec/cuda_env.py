@@ -5,13 +5,12 @@ graph that it builds on the host and caches (LRU, 256 entries unless
 ``MLX_CUDA_SDPA_CACHE_SIZE`` says otherwise) under the exact q/k/v shapes, so
 under the kv length. A speculative round's multi-token forwards (the verify,
 the drafter's catch-up) meet a kv length no earlier round met, so every round
-builds graphs. Measured on the H200 (scaled 2048x16 pair, 64 tokens at kv
-lengths new to the process, ``scripts/sdpa_cache_probe.py``): chain b=5
-28.7 ms per token with cuDNN attention against 2.8 ms without it, mlx-lm's own
-b=5 19.5 against 2.5, classic (one query token, not affected) 3.5 against
-2.4. Repeating the same lengths hides it (warm: 2.8 ms), which is what a
-benchmark that reruns one prompt measures. ``MLX_CUDA_USE_CUDNN_SDPA=0`` sends
-those forwards to MLX's own kernels; MLX reads it once, at the first attention.
+builds graphs: on the H200 that made speculative rounds several times slower
+per token than without cuDNN attention (README, "On the H200";
+``scripts/sdpa_cache_probe.py`` measures it). Repeating the same lengths hides
+it, which is what a benchmark that reruns one prompt measures.
+``MLX_CUDA_USE_CUDNN_SDPA=0`` sends those forwards to MLX's own kernels; MLX
+reads it once, at the first attention.
 
 treespec's command line sets it to 0 on CUDA unless the caller set it, and
 says so; the library leaves the environment alone and warns instead.
@@ -25,7 +24,8 @@ import mlx.core as mx
 
 CUDNN_SDPA = "MLX_CUDA_USE_CUDNN_SDPA"
 WHY = ("cuDNN attention builds a graph for every kv length a multi-token forward meets, and a "
-       "speculative round meets a new one every round (H200: chain b=5 28.7 vs 2.8 ms per token)")
+       "speculative round meets a new one every round (on the H200 it made chain rounds several "
+       "times slower per token; README, 'On the H200')")
 
 
 class CudnnAttentionWarning(RuntimeWarning):

@@ -3,10 +3,10 @@ gives the same bytes as the single-token chain it stands for.
 
 Byte identity is not a property of the algorithm: it depends on which kernel
 the backend picks for each sequence length M (a tree changes M every round),
-on the dtype, the quantization and the BLAS. Measured: on the CPU backend
-with the bundled reference BLAS every shape is bit-identical; with OpenBLAS
-preloaded float32 forwards over M >= 4 differ by ~3e-6; on an H200 (MLX CUDA,
-bf16) by ~0.03 with argmax flips. So the gate measures instead of assuming.
+on the dtype, the quantization and the BLAS (README, "The exactness gate",
+has the measured table: bit-identical on the CPU's reference BLAS, not under
+OpenBLAS in float32, not on the H200 in any dtype). So the gate measures
+instead of assuming.
 
 ``probe`` verifies each shape from one prefilled cache state and compares
 every node's logits byte for byte with single-token steps over its root path,

@@ -191,15 +191,14 @@ class TreeAdapter:
         """
         # A chain is mlx-lm's own chain verify: a plain forward, whose causal
         # mask and contiguous positions are the tree's (contracts 1 and 5),
-        # through the kernels mlx-lm's speculative decoding uses, and ~10%
-        # faster at block 2 than injecting them; continued (``start`` > 0)
-        # too, as a drafter growing a spine feeds it. A one-node tree is a
-        # plain decode step, left alone so that a wrapped RotatingKVCache
-        # takes the same in-place update (and key order) as classic decoding.
+        # through the kernels mlx-lm's speculative decoding uses, and cheaper
+        # than injecting them; continued (``start`` > 0) too, as a drafter
+        # growing a spine feeds it. A one-node tree is a plain decode step,
+        # left alone so that a wrapped RotatingKVCache takes the same in-place
+        # update (and key order) as classic decoding.
         inject = len(tree) > 1 and not tree.is_linear()
         # Only an injected forward needs every rope to take per-node
-        # positions; walking the modules for them cost 0.48 ms of a 9.5 ms
-        # chain round on the trained pair (cProfile), so plain forwards skip it.
+        # positions, so only it walks the modules for them.
         owners = self.check(tree, cache, start, ropes=inject)
         offset = caches.offset(caches.attention_caches(cache))
         offset = None if offset is None else offset - start
