@@ -32,11 +32,11 @@ import mlx.nn as nn
 import mlx_lm
 from mlx_lm.models import llama
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import trim_prompt_cache
 
 from . import blas as _blas
 from . import zoo
-from .models import vocab_size
+from .models import prefilled, vocab_size
 
 DEFAULT_TS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -118,13 +118,9 @@ def make_model(spec: str, *, model_path: str | None, dims: tuple[int, int] | Non
     return model, f"llama {hidden}x{layers} {spec} seed {seed}"
 
 
-def _prefill(model, context: int, rng: np.random.RandomState, vocab: int):
-    cache = make_prompt_cache(model)
-    if context:
-        prompt = mx.array(rng.randint(0, vocab, size=(1, context)))
-        mx.eval(model(prompt, cache=cache))
-        mx.eval([c.state for c in cache])
-    return cache
+def _random_context(model, context: int, rng: np.random.RandomState, vocab: int):
+    """A fresh cache prefilled with ``context`` seeded random tokens."""
+    return prefilled(model, rng.randint(0, vocab, size=context).tolist())
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -146,7 +142,7 @@ def verify_cost_curve(
     """
     rng = np.random.RandomState(seed)
     vocab = vocab_size(model)
-    cache = _prefill(model, context, rng, vocab)
+    cache = _random_context(model, context, rng, vocab)
     rows = []
     for T in Ts:
         tokens = mx.array(rng.randint(0, vocab, size=(1, T)))
@@ -176,7 +172,7 @@ def stepwise_exactness(model, T_max: int = 16, context: int = 32, seed: int = 0)
     """
     rng = np.random.RandomState(seed + 1)
     vocab = vocab_size(model)
-    cache = _prefill(model, context, rng, vocab)
+    cache = _random_context(model, context, rng, vocab)
     rows = []
     for T in range(1, T_max + 1):
         tokens = mx.array(rng.randint(0, vocab, size=(1, T)))
