@@ -5,6 +5,7 @@ is not a DraftTree. Each is refused with an error naming the argument."""
 
 import math
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -39,8 +40,6 @@ def test_a_prompt_id_that_is_not_an_integer_is_refused_not_truncated(mode, bad):
 
 
 def test_an_integer_array_prompt_is_taken_and_a_float_array_refused():
-    import mlx.core as mx
-
     ids = helpers.prompt(6)
     want = decode(helpers.model(), ids, max_tokens=3).tokens
     assert decode(helpers.model(), mx.array(ids), max_tokens=3).tokens == want

@@ -3,7 +3,6 @@ difference of 0), and a checkpoint that cannot be read names the file and
 the cause (an empty or truncated weights file, a header that is not JSON, a
 missing tokenizer) instead of a decoder error or a sentencepiece hint."""
 
-import json
 import math
 import shutil
 import struct
@@ -77,7 +76,7 @@ def header_too_long(path):
 ])
 def test_an_unreadable_weights_file_is_named_with_its_cause(checkpoint, damage, cause):
     damage(checkpoint)
-    with pytest.raises(UsageError, match=r"--model .*model\.safetensors: " + cause) as err:
+    with pytest.raises(UsageError, match=r"--model .*model\.safetensors: .*" + cause) as err:
         load_checkpoint(checkpoint, "model")
     assert "UnicodeDecodeError" not in str(err.value)
     assert "Unable to read" not in str(err.value)

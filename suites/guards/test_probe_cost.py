@@ -1,7 +1,7 @@
 """The exactness probe's cost is bounded by what the run can use: a run of
 max_tokens tokens verifies trees of at most max_tokens nodes, so only those
-are probed; prefixes of one shape share one pass of single-token references
-(the cost is linear in the tree, not quadratic); a tree over the stated
+are probed; its single-token references step each node once (not once per
+leaf below it, each leaf from a fresh prefill); a tree over the stated
 maximum is refused by name before anything runs. Counted in forwards of the
 target, never timed."""
 
@@ -23,10 +23,9 @@ def test_a_short_run_probes_only_the_trees_it_can_verify():
     max_tokens = 4
     target = zoo.build("llama")  # its own instance: a layer is wrapped
     # At most 2 * max_tokens shapes (chains and prefixes of <= max_tokens
-    # nodes), each: one prefill, one verify, one width read, and per leaf a
-    # prefill and its path's steps (<= 2 * max_tokens); then the run itself.
-    per_shape = 3 + 2 * max_tokens
-    bound = gate.DRAWS * 2 * max_tokens * per_shape + 2 * max_tokens + 2
+    # nodes), each per draw: one prefill, one verify, one step per node;
+    # then the run: width reads, a prefill, a verify per round.
+    bound = gate.DRAWS * 2 * max_tokens * (2 + max_tokens) + max_tokens + 5
     counter = counted(target, budget=bound)
     result = decode(target, helpers.prompt(8), mode="tree", draft_model=helpers.drafter(),
                     branching=STAR, max_tokens=max_tokens)
@@ -34,13 +33,13 @@ def test_a_short_run_probes_only_the_trees_it_can_verify():
     assert counter.calls <= bound
 
 
-def test_the_probe_of_a_shape_and_its_prefixes_is_linear_in_the_tree():
+def test_the_probe_steps_each_node_once_per_shape_and_draw():
     target = zoo.build("llama")
     shapes = FixedTreeDrafter(branching=STAR).probe_shapes()
-    largest = max(len(s) for s in shapes)
-    # Per draw: one prefill, verify and width read per shape, and one pass of
-    # single steps over the largest tree (a prefill and one step per leaf).
-    bound = gate.DRAWS * (3 * len(shapes) + 2 * largest)
+    distinct = set(shapes)
+    # Per draw and distinct shape: one prefill, one verify, and one single
+    # step per node; two width reads (the probe's and its adapter's).
+    bound = gate.DRAWS * sum(2 + len(s) for s in distinct) + 2
     counter = counted(target, budget=bound)
     p = gate.probe(target, shapes)
     assert [s.shape for s in p.shapes] == [tuple(s) for s in shapes] and p.identical

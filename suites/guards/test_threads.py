@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 
 from suites.guards import helpers
-from treespec.audit.states import clone, plain
+from treespec.audit.states import plain
 from treespec.models import model_type, prefilled
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for

@@ -11,7 +11,6 @@ import textwrap
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
 
 from suites.guards import helpers
 from suites.guards.helpers import VOCAB
