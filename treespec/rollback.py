@@ -20,6 +20,7 @@ as it was.
 """
 
 import inspect
+import threading
 from contextlib import contextmanager
 from typing import Any, List, Optional, Protocol, Sequence, Union
 
@@ -128,7 +129,9 @@ class Captures:
 
 class _Recorder(nn.Module):
     """Stands in for a recurrent mixer: records each call that receives an
-    ArraysCache, then runs the module it replaced unchanged."""
+    ArraysCache, then runs the module it replaced unchanged. Calls from any
+    thread but the one capturing are not recorded (they are another
+    forward's)."""
 
     def __init__(self, inner: nn.Module, layer: nn.Module, name: str, captures: Captures):
         super().__init__()
@@ -137,6 +140,7 @@ class _Recorder(nn.Module):
         # module tree a cycle.
         object.__setattr__(self, "_where", (layer, name))
         object.__setattr__(self, "_captures", captures)
+        object.__setattr__(self, "_thread", threading.get_ident())
 
     def __getattr__(self, key):
         # Code that reads the mixer's attributes still finds them.
@@ -148,6 +152,8 @@ class _Recorder(nn.Module):
             return getattr(self["inner"], key)
 
     def __call__(self, *args, **kwargs):
+        if threading.get_ident() != self._thread:
+            return self.inner(*args, **kwargs)
         for a in (*args, *kwargs.values()):
             if mode_of(a).recurrent:
                 self._captures.calls.append((a, *self._where, args, kwargs))

@@ -14,6 +14,9 @@ module asks ``isinstance`` of a cache:
     snapshot(c)               references to the pre-verify state a commit needs
     plan_commit(...)          validate a commit of the accepted path; return its writes
 
+and, for every mode alike, ``hold(cache)`` / ``put_back(held)``: every
+attribute as it is now, to undo a forward that raised (treespec.verify.guard).
+
 Lookup is by exact class (:func:`mode_of`): a subclass may change the layout
 these entries rely on, so it gets no entry and is refused by whoever asks.
 
@@ -31,6 +34,7 @@ the lookups every other module uses).
 
 from typing import Callable, Dict, Optional, Sequence
 
+import mlx.core as mx
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
@@ -46,9 +50,9 @@ from .attention import Appending, Chunked, Concatenate, Rotating, rotating_kept,
 from .base import Mode, refuse
 from .recurrent import Arrays
 
-__all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts",
-           "holds_recurrent", "mode_of", "offset", "offset_of", "plan_commit", "refuse",
-           "rotating_kept", "rotating_present"]
+__all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts", "hold",
+           "holds_recurrent", "mode_of", "offset", "offset_of", "plan_commit", "put_back",
+           "refuse", "rotating_kept", "rotating_present"]
 
 
 class Listed(Mode):
@@ -153,3 +157,62 @@ def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Call
             refuse(c, where, f"snapshot offset {entry.offset} is not offset {tail.offset}: "
                    "the snapshot was not taken right before this verify")
     return mode.plan_commit(c, where, tail, entry, recurrent)
+
+
+class _Held:
+    """One cache object and its attributes as they were."""
+
+    __slots__ = ("c", "attrs")
+
+    def __init__(self, c):
+        self.c = c
+        self.attrs = {k: _held(v) for k, v in vars(c).items()}
+
+
+# ``copy`` of an mx.array shares its buffer and keeps the value it has now:
+# an in-place update (``a[..., i:j, :] = b``, as KVCache and a ring's
+# one-token step write) gives the original Python object a new value and
+# leaves the copy's alone. No data is copied.
+_copy_array = mx.array.__copy__
+
+
+def _held(v):
+    kind = type(v)
+    if kind is mx.array:
+        return _copy_array(v)
+    if kind is int or v is None:
+        return v
+    if kind is list or kind is tuple:
+        return kind(_held(x) for x in v)
+    if kind in MODES:  # a CacheList's caches
+        return _Held(v)
+    return v
+
+
+def _restored(v):
+    if isinstance(v, _Held):
+        vars(v.c).clear()
+        vars(v.c).update({k: _restored(x) for k, x in v.attrs.items()})
+        return v.c
+    if type(v) in (list, tuple):
+        return type(v)(_restored(x) for x in v)
+    return v
+
+
+def hold(cache: Sequence) -> list:
+    """Every cache's attributes as they are now, for :func:`put_back`.
+
+    All mlx-lm caches keep their whole state in instance attributes (arrays,
+    offsets, ring indices, lists of recurrent slots, a CacheList's caches),
+    so holding the attributes, arrays by reference to their current values,
+    holds the state. Costs no copy; once dropped, nothing of it remains."""
+    return [_Held(c) for c in cache]
+
+
+def put_back(held: list) -> None:
+    """Make every held cache what it was when :func:`hold` was called:
+    offsets, rings, recurrent slots, and arrays with the values they had
+    (whatever was written into them since: while the hold references a
+    buffer, no evaluation can reuse it for a write)."""
+    for h in held:
+        _restored(h)

@@ -24,9 +24,10 @@ import mlx.nn as nn
 
 from .. import caches, rollback
 from ..errors import TreeRefused
-from ..models import model_type
+from ..models import model_type, vocab_size
 from ..tree import DraftTree
 from .attention import rope_owners, rope_refusal, tree_injected
+from .guard import restored_on_error, taking_turns
 from .recurrent import RecurrentStrategy, recurrent_strategy
 
 __all__ = ["FAMILIES", "Family", "TreeAdapter", "TreeRefused", "adapter_for"]
@@ -97,6 +98,13 @@ class TreeAdapter:
             recurrent = recurrent_strategy(family.recurrent)
         self.recurrent = recurrent
         self._last: Optional[_Verified] = None
+        self._vocab: Optional[int] = None
+
+    def vocab(self) -> int:
+        """The width of the model's logits: node tokens must be below it."""
+        if self._vocab is None:
+            self._vocab = vocab_size(self.model)
+        return self._vocab
 
     def __repr__(self):
         rec = f", recurrent={self.recurrent.name!r}" if self.recurrent else ""
@@ -105,6 +113,7 @@ class TreeAdapter:
     def _refuse(self, reason: str):
         raise TreeRefused(self.model_type, reason)
 
+    @taking_turns
     def check_model(self) -> list:
         """Raise TreeRefused if some attention's RoPE cannot take per-node
         positions (also run by adapter_for, and again by every check: a rope
@@ -176,6 +185,7 @@ class TreeAdapter:
                 self._refuse(why)
         return owners
 
+    @taking_turns
     def verify(self, tree: DraftTree, cache: Sequence, start: int = 0,
                tokens: Optional[mx.array] = None) -> mx.array:
         """Logits [n, vocab], row i for node i, from one forward over the tree.
@@ -187,8 +197,25 @@ class TreeAdapter:
         n - start rows returned (a drafter growing its tree level by level).
         ``tokens``: the fed nodes' tokens as a device array, possibly not yet
         computed (a chain still being drafted); the forward is built on them
-        and ``tree`` gives only the topology.
+        and ``tree`` gives only the topology. Their values are not read
+        (that would wait for the device): they must be ids of this model's
+        vocabulary, as a drafter's top-k over logits of its width are.
+
+        Takes its turn (treespec.verify.guard: one verify at a time in the
+        process). Refusals come before anything is written; if the forward
+        raises, every cache is put back as it was.
         """
+        if not isinstance(tree, DraftTree):
+            raise TypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
+        if tokens is None:
+            vocab = self.vocab()
+            if max(tree.tokens[start:], default=0) >= vocab:
+                node = next(i for i, t in enumerate(tree.tokens) if i >= start and t >= vocab)
+                raise ValueError(f"tree node {node}: token id {tree.tokens[node]} is outside "
+                                 f"the vocabulary [0, {vocab}) of this {self.model_type!r} model")
+        elif not isinstance(tokens, mx.array) or not mx.issubdtype(tokens.dtype, mx.integer):
+            what = tokens.dtype if isinstance(tokens, mx.array) else type(tokens).__name__
+            raise TypeError(f"tokens must be an mx.array of integer token ids, got {what}")
         # A chain is mlx-lm's own chain verify: a plain forward, whose causal
         # mask and contiguous positions are the tree's (contracts 1 and 5),
         # through the kernels mlx-lm's speculative decoding uses, and cheaper
@@ -212,6 +239,7 @@ class TreeAdapter:
                              f"{len(tree) - start} nodes")
         tokens = tokens[None]
         with ExitStack() as stack:
+            stack.enter_context(restored_on_error(cache))  # outermost: exits last
             if inject:
                 if self.recurrent is not None:
                     stack.enter_context(self.recurrent.inject(self.model, cache, tree))
@@ -238,6 +266,7 @@ class TreeAdapter:
         subclass may inject something else (the suites plant defects here)."""
         return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start)
 
+    @taking_turns
     def commit(
         self,
         cache: Sequence,

@@ -15,6 +15,7 @@ a *reason* (``None`` when fine), and everything about a cache by its entry in
 ``treespec.caches``, so the adapter can refuse before any cache is written.
 """
 
+import threading
 from contextlib import contextmanager
 from typing import Callable, Optional, Sequence
 
@@ -102,15 +103,20 @@ class TreeRoPE(nn.Module):
     """Stands in for an attention module's ``rope`` during one verify forward.
 
     An nn.Module so that assigning it replaces the child in place (the
-    module's key order, hence its parameter tree, is untouched)."""
+    module's key order, hence its parameter tree, is untouched). In any
+    thread but the verifying one it is the rope it stands in for: a plain
+    forward of the model there sees the model unpatched."""
 
     def __init__(self, rope, depths: mx.array):
         super().__init__()
         self.inner = rope
         self._depths = depths  # leading underscore: not a parameter
         self._calls = 0
+        self._thread = threading.get_ident()
 
     def __call__(self, x, offset=0, **kwargs):
+        if threading.get_ident() != self._thread:
+            return self.inner(x, offset=offset, **kwargs)
         self._calls += 1
         return rope_by_node(self.inner, x, offset, self._depths, **kwargs)
 

@@ -1,9 +1,10 @@
 """The memory a tree verify through the tree-aware recurrence keeps alive.
 
 Every node's recurrent state and conv windows are kept until the commit
-(treespec.verify.gdn_tree), so a tree of n nodes holds n states per
-recurrent layer. ``footprint_breakdown`` counts them from a config.json dict,
-a ModelArgs or a loaded model; trees over the limit
+(treespec.verify.gdn_tree), so a branching tree of n nodes holds n states
+per recurrent layer; a chain goes through the mixer's own multi-token path
+and keeps none (``kept_nodes``). ``footprint_breakdown`` counts them from a
+config.json dict, a ModelArgs or a loaded model; trees over the limit
 (``TREESPEC_MAX_TREE_STATE_BYTES``, default 2 GiB) are refused before
 anything runs.
 """
@@ -162,6 +163,14 @@ def _model_act_bytes(model) -> int:
 
 def _fmt(n: int) -> str:
     return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
+
+
+def kept_nodes(tree) -> int:
+    """How many per-node states a verify of ``tree`` keeps alive: every node
+    of a branching tree (the tree-aware recurrence keeps each one for the
+    commit), none of a chain (the mixer's own multi-token path writes one
+    state, and commit replays the accepted prefix from the snapshot)."""
+    return 0 if tree.is_linear() else len(tree)
 
 
 def footprint_refusal(config_or_args, n_nodes: int, limit: Optional[int] = None) -> Optional[str]:

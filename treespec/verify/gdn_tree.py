@@ -31,6 +31,7 @@ whose per-node states exceed a limit are refused before anything runs.
 """
 
 import os
+import threading
 from contextlib import contextmanager
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -40,7 +41,7 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache
 
 from ..errors import TreeRefused
-from .footprint import footprint_refusal
+from .footprint import footprint_refusal, kept_nodes
 from .mixers import StandIn, _family, _slots_fn, is_gated_delta_mixer, recurrent_mixers
 
 
@@ -200,7 +201,8 @@ class TreeGatedDeltaNet(StandIn):
     """Stand-in for a gated-delta mixer during one tree verify forward.
 
     Same call signature as the mixer. Writes nothing to the cache; after the
-    call ``states`` holds every node's state for the commit."""
+    call ``states`` holds every node's state for the commit. In any thread
+    but the verifying one it is the mixer itself."""
 
     def __init__(self, mixer: nn.Module, tree):
         super().__init__()
@@ -209,8 +211,11 @@ class TreeGatedDeltaNet(StandIn):
         self.mixer = mixer
         self.tree = tree
         self.states = None
+        self._thread = threading.get_ident()
 
     def __call__(self, inputs: mx.array, mask: Optional[mx.array] = None, cache=None):
+        if threading.get_ident() != self._thread:
+            return self.mixer(inputs, mask, cache)
         # The model passes cache.make_mask(n): None, or all True once left
         # padding is consumed (cache_refusal refuses the rest). All-True masks
         # leave every value unchanged, so the mask can be dropped.
@@ -236,7 +241,7 @@ def tree_refusal(model, tree, cache: Optional[Sequence[Any]] = None, limit: Opti
         why = backend_refusal(m) or (cache_refusal(cache[i]) if cache is not None else None)
         if why:
             return f"layer {i}: {why}"
-    return footprint_refusal(model, len(tree), limit)
+    return footprint_refusal(model, kept_nodes(tree), limit)
 
 
 @contextmanager
