@@ -8,11 +8,13 @@ layer's ``linear_attn``, ``mixer``, ``mamba``, ``conv``, ``temporal_block`` or
 mixing), or the embedding (longcat_flash_ngram's n-gram context); and cache
 lists need not line up with ``model.layers`` (nemotron_h makes no cache for
 its MLP layers). So instead of a table of names, :func:`discover` runs the
-model once on one token with a scratch ``make_prompt_cache`` and records
+model once on a few tokens with a scratch ``make_prompt_cache`` and records
 every module whose ``__call__`` takes ``cache`` and is handed an
 ``ArraysCache``; the mixers are the innermost of them (a decoder layer passes
-the cache on to its mixer). The same run gives each cache's slot shapes and
-dtypes, hence the per-node memory a tree-aware recurrence keeps.
+the cache on to its mixer). The same run (over a few tokens, so that a slot
+that grows with the history, longcat's n-gram context, has reached its
+size) gives each cache's slot shapes and dtypes, hence the per-node memory
+a tree-aware recurrence keeps.
 
 An ``ArraysCache`` that no module receives on its own (it reaches a module
 only inside a ``CacheList``, with an attention cache) belongs to an attention
@@ -161,10 +163,15 @@ class _Watch(nn.Module):
         return self.inner(*args, **kwargs)
 
 
+# Tokens of the scratch forward: more than any mlx-lm slot grows by (conv
+# windows are K - 1 <= 4, longcat's n-gram context n - 1 <= 4).
+SCRATCH_TOKENS = 8
+
+
 def discover(model: nn.Module) -> Discovery:
     """The model's recurrent mixers and cache slot shapes, from one forward
-    over one token on a scratch cache (nothing of the model or any real cache
-    is touched). A model without an ArraysCache is not run."""
+    over SCRATCH_TOKENS tokens on a scratch cache (nothing of the model or
+    any real cache is touched). A model without an ArraysCache is not run."""
     scratch = make_prompt_cache(model)
     leaves = _recurrent_leaves(scratch)
     if not leaves:
@@ -177,7 +184,7 @@ def discover(model: nn.Module) -> Discovery:
         for path, container, key, module in watched:
             set_slot(container, key, _Watch(module, path, seen))
             swapped.append((container, key, module))
-        out = model(mx.array([[0]]), cache=scratch)
+        out = model(mx.zeros((1, SCRATCH_TOKENS), dtype=mx.int32), cache=scratch)
         mx.eval(out)
     finally:
         for container, key, module in reversed(swapped):

@@ -77,13 +77,9 @@ def _root_path(path, parents) -> np.ndarray:
 class Snapshot:
     """``snapshot(cache)``: what a rollback needs from before the verify."""
 
-    def __init__(self, cache: List[Any], entries: Optional[list] = None):
+    def __init__(self, cache: List[Any]):
         self.caches = list(cache)
-        self.entries = [Entry(c) for c in cache] if entries is None else list(entries)
-
-    def select(self, keep: Sequence[int]) -> "Snapshot":
-        """The snapshot of the caches at indices ``keep`` only."""
-        return Snapshot([self.caches[i] for i in keep], [self.entries[i] for i in keep])
+        self.entries = [Entry(c) for c in cache]
 
 
 def snapshot(cache: List[Any]) -> Snapshot:
@@ -232,7 +228,8 @@ def commit_path(
         # above did the checks), with no evaluation at all, which on CUDA
         # may synchronize.
         for c in cache:
-            c.offset = tail.offset + tail.k
+            if c.keys is not None:  # one no forward writes stays empty (caches.plan_commit)
+                c.offset = tail.offset + tail.k
         return tail.k
     steps = [plan() for plan in plans]
     # Every layer's reads in one evaluation, before any write: while a read

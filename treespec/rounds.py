@@ -98,6 +98,9 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     adapter = adapter if adapter is not None else adapter_for(target)
     walker = walker if walker is not None else greedy()
     stats = Stats(mode, requested=requested or drafter.describe())
+    note = getattr(adapter, "note", None)  # a model without an audit record says so
+    if note:
+        stats.notes.append(note)
     if gate:
         decision = decide(target, drafter.probe_shapes(), allow_inexact=allow_inexact,
                           adapter=adapter, adapter_name=adapter_name)

@@ -10,6 +10,13 @@ bit for bit the multi-token forward; where mlx-lm's multi-token scan and its
 one-token step differ (the Mamba2 family), classic decoding steps, and so
 does the tree verify.
 
+Each history also verifies a chain (mlx-lm's own chain verify: a plain
+forward) and commits a prefix of it, which the recurrent layers replay; the
+reference is a cache fed only the prefix. Where mlx-lm's forward over the
+prefix alone differs from the same rows of its forward over the chain
+(measured in the same run: bailing_hybrid's chunked linear attention) the
+commit inherits that, and the line says so.
+
 One documented difference is accepted, and only where it is measured in the
 same run: the ROOT row of a verify is computed by the multi-token path, and
 where mlx-lm's own one-token step takes another path (multi-head latent
@@ -31,7 +38,7 @@ import inspect
 import os
 import types
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -79,15 +86,15 @@ def _cpu_bitlinear(self, x, packed):
     return out.reshape(*shape[:-1], self.out_features)
 
 
-def build(name: str):
+def build(name: str, seed: int = SEED):
     """The tiny model: default init plus seeded noise on every float
     parameter (matrices on the scale of their init, vectors +-0.05), so no
     zero-initialised gate or bias leaves a family's paths untested."""
     cfg = config(name)
     mod = importlib.import_module(f"mlx_lm.models.{name.split('@')[0]}")
-    mx.random.seed(SEED)
+    mx.random.seed(seed)
     model = mod.Model(mod.ModelArgs.from_dict(cfg))
-    rng = np.random.RandomState(SEED)
+    rng = np.random.RandomState(seed)
     new = []
     for k, v in tree_flatten(model.parameters()):
         if mx.issubdtype(v.dtype, mx.floating):
@@ -267,15 +274,35 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
     adapter.commit(cache, tree, PATH)
     ref = copy.deepcopy(before)
     forward(model, ref, [tree.tokens[j] for j in PATH])
-    res["commit"] = max(_maxdiff(forward(model, cache, [t])[-1], forward(model, ref, [t])[-1])
-                        for t in decode)
+    res["commit"] = _decode_diff(model, cache, ref, decode)
+    # A chain is mlx-lm's own chain verify (a plain forward, recurrent layers
+    # through their multi-token path); its commit replays the kept prefix.
+    chain, cache = DraftTree.linear(tree.tokens[:4]), copy.deepcopy(before)
+    mx.eval(adapter.verify(chain, cache))
+    adapter.commit(cache, chain, [0, 1, 2])
+    ref = copy.deepcopy(before)
+    forward(model, ref, chain.tokens[:3], stepped=False)
+    res["chain_commit"] = _decode_diff(model, cache, ref, decode)
+    if res["chain_commit"]:
+        # Only documented where mlx-lm disagrees with itself: its forward over
+        # the kept prefix alone against the same rows of the chain's forward.
+        alone = forward(model, copy.deepcopy(before), chain.tokens[:3], stepped=False)
+        whole = forward(model, copy.deepcopy(before), chain.tokens, stepped=False)
+        res["prefix"] = _maxdiff(alone, whole[:3])
     return res
 
 
-def run(name: str, factory: Callable = adapter_for) -> Outcome:
-    """Build, verify, commit and decode one family; its verdict."""
+def _decode_diff(model, ours, ref, tokens) -> float:
+    """Worst difference of one-token decode steps on two caches."""
+    return max(_maxdiff(forward(model, ours, [t])[-1], forward(model, ref, [t])[-1])
+               for t in tokens)
+
+
+def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
+    """Build (unless ``model`` is given), verify, commit and decode one
+    family; its verdict."""
     try:
-        model = build(name)
+        model = build(name) if model is None else model
     except BaseException as e:  # an import may sys.exit (olmo needs ai2-olmo)
         return Outcome(name, CANNOT_RUN, f"mlx-lm cannot build it: {type(e).__name__}: {e}"[:200])
     rng = np.random.RandomState(1)
@@ -291,16 +318,21 @@ def run(name: str, factory: Callable = adapter_for) -> Outcome:
         adapter = factory(model)
     except TreeRefused as e:
         return Outcome(name, REFUSED, e.reason)
-    notes, root_rows, wrong, scan = [], [], [], 0.0
+    notes, root_rows, wrong, scan, prefix, chain = [], [], [], 0.0, 0.0, 0.0
     for label, p in (("short", prompt[:SHORT]), ("long", prompt)):
         try:
             res = _check_history(model, adapter, p, tree, decode)
         except (TreeRefused, RollbackRefused) as e:
             return Outcome(name, REFUSED, f"{label} history: {e}")
         bad = [i for i, d in enumerate(res["diffs"]) if d and not (i == 0 and res.get("root_documented"))]
-        if bad or res["commit"]:
+        chain_documented = res["chain_commit"] and res.get("prefix", 0) > 0
+        if chain_documented:
+            prefix = max(prefix, res["prefix"])
+            chain = max(chain, res["chain_commit"])
+        if bad or res["commit"] or (res["chain_commit"] and not chain_documented):
             wrong.append(f"{label} history: nodes {bad} differ by up to "
-                         f"{max(res['diffs']):.3g}, decode after commit by {res['commit']:.3g}")
+                         f"{max(res['diffs']):.3g}, decode after commit by {res['commit']:.3g}, "
+                         f"after a chain's commit by {res['chain_commit']:.3g}")
         if res["diffs"][0] and not bad:
             why = "a wrapped window's ring order" if res["wrapped"] else "its own one-token path"
             root_rows.append(f"{label} history {res['diffs'][0]:.2g} ({why})")
@@ -308,6 +340,9 @@ def run(name: str, factory: Callable = adapter_for) -> Outcome:
     if scan:
         notes.append(f"mlx-lm's multi-token forward differs from its one-token steps by up to "
                      f"{scan:.2g}; the verify equals the steps")
+    if prefix:
+        notes.append(f"mlx-lm's forward over 3 tokens differs from the first 3 rows of its "
+                     f"forward over 4 by {prefix:.2g}: a chain's commit inherits it ({chain:.2g})")
     if wrong:
         return Outcome(name, WRONG, "; ".join(wrong), notes)
     if root_rows:

@@ -12,9 +12,15 @@ difference). Its line, printed at the end of the run, is the README's table
 verifying fails until both are updated.
 """
 
+import json
+
+import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.utils import load_model
 
 from suites.families import helpers as H
+from suites.families.helpers_configs import config
 from suites.hybrid.helpers import Flattened
 from treespec.verify import TreeAdapter, adapter_for, tree_injected
 from treespec.verify.audited import AUDITED
@@ -63,6 +69,19 @@ def test_every_family_verifies_a_branching_tree_and_rolls_back_or_is_refused_by_
     outcome = H.run(name)
     record_property("family", outcome.line())
     check(name, outcome)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma3", "gemma4", "qwen3_vl", "mistral3"])
+def test_a_multimodal_checkpoint_verifies_its_language_model(name, tmp_path):
+    """Saved as a checkpoint of the wrapper's model_type and loaded back by
+    mlx-lm: the adapter reaches the language model inside the wrapper."""
+    built = H.build(name)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), dict(tree_flatten(built.parameters())))
+    (tmp_path / "config.json").write_text(json.dumps(config(name)))
+    loaded, _ = load_model(tmp_path)
+    assert type(loaded) is type(built) and loaded.model_type == name
+    check(name, H.run(name, model=loaded))
 
 
 def test_nine_in_ten_families_mlx_lm_can_run_have_an_audit_record():

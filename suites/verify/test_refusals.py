@@ -19,6 +19,7 @@ from suites.verify import helpers
 from suites.verify.helpers import (HYBRID, assert_refused_untouched,
                                    assert_rows_are_root_path_forwards, clone, fingerprint)
 from treespec import zoo
+from treespec.decode import decode
 from treespec.tree import DraftTree
 from treespec.verify import ChainOnly, TreeRefused, adapter_for
 
@@ -114,6 +115,9 @@ def test_a_model_without_an_audit_record_is_accepted_and_says_so():
     before = clone(cache)
     assert_rows_are_root_path_forwards(model, before, BRANCHING, adapter.verify(BRANCHING, cache))
     assert adapter_for(base).note is None  # the zoo's llama has one
+    notes = decode(model, [1, 2, 3], mode="tree", draft_model=model, budget=3,
+                   max_tokens=4).stats.notes
+    assert any("no audit record" in n for n in notes), notes
 
 
 def test_a_wrapped_rotating_cache_with_kept_tokens_is_refused():

@@ -167,6 +167,11 @@ def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Call
     mode = mode_of(c)
     if mode is _UNKNOWN:
         refuse(c, where, "unknown cache class: no exact rollback is known for it")
+    if mode.attention and not mode.written(c) and c.offset == 0 and (
+            entry is None or entry.offset == 0):
+        # No forward ever wrote it, the verify's neither: a layer that never
+        # attends (nemotron-nas's no-op attention). Nothing to commit.
+        return lambda: ([], lambda: [])
     if entry is not None:
         if entry.cls is not type(c):
             refuse(c, where, f"the snapshot holds a {entry.cls.__name__} here")

@@ -83,6 +83,14 @@ class TreeAdapter:
         return f"TreeAdapter({self.model_type!r}{rec}; {self.family.record})"
 
     @property
+    def feeds_in_parts(self) -> bool:
+        """Whether ``verify`` may continue a tree from ``start`` > 0 on this
+        model's attention caches: not where per-position values are
+        re-indexed by depth (treespec.verify.positions), whose continued
+        parts lack their earlier depths."""
+        return not self.family.positions
+
+    @property
     def note(self) -> Optional[str]:
         """A line for a decode's diagnostics when the model has no audit
         record (treespec.verify.audited), else None."""
@@ -254,15 +262,8 @@ class TreeAdapter:
             raise ValueError("commit needs the cache list and tree of the last verify")
         if offset is not None and offset != last.offset:
             raise ValueError(f"offset {offset} is not the {last.offset} the verify started at")
-        # An attention cache the verify did not write either belongs to a
-        # layer that never attends: nothing to commit there.
-        keep = [i for i, c in enumerate(cache)
-                if not caches.mode_of(c).attention or caches.written(c)]
-        kept, snap = cache, last.snapshot
-        if len(keep) < len(cache):
-            kept, snap = [cache[i] for i in keep], snap.select(keep)
         committed = rollback.commit_path(
-            kept, last.offset or 0, path, tree, snapshot=snap, recurrent=last.captures
+            cache, last.offset or 0, path, tree, snapshot=last.snapshot, recurrent=last.captures
         )
         self._last = None
         return committed

@@ -3,7 +3,7 @@
 Every node's recurrent state and conv windows are kept until the commit
 (treespec.verify.recurrence), so a tree of n nodes holds n states per
 recurrent cache. ``footprint_breakdown`` counts them for a loaded model (any
-mixer: the slot shapes and dtypes a one-token forward leaves in each
+mixer: the slot shapes and dtypes a scratch forward leaves in each
 ``ArraysCache``, treespec.mixers.discover) or, before loading, from the
 config.json dict or ModelArgs of a gated-delta family; trees over the limit
 (``TREESPEC_MAX_TREE_STATE_BYTES``, default 2 GiB) are refused before
@@ -111,7 +111,7 @@ def footprint_breakdown(config_or_args, n_nodes: int, act_bytes: Optional[int] =
     """Bytes of per-node state a tree verify of ``n_nodes`` nodes keeps alive.
 
     ``config_or_args``: a loaded model or its ``Discovery`` (every recurrent
-    cache's slots as a one-token forward leaves them, in their own dtypes),
+    cache's slots as a scratch forward leaves them, in their own dtypes),
     or a gated-delta family's config.json dict (``text_config`` is looked
     into) or ModelArgs: recurrent state float32 (4 Hv Dv Dk bytes per node
     per layer), conv windows in the activation dtype (``act_bytes``; from the
