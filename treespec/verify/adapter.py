@@ -35,6 +35,7 @@ from ..mixers import Discovery, discover
 from ..models import model_type
 from ..tree import DraftTree
 from .attention import rope_owners, rope_refusal, tree_injected
+from .positions import position_inputs
 from .recurrent import RecurrentStrategy, recurrent_strategy
 from .structure import Family, structure
 
@@ -76,6 +77,9 @@ class TreeAdapter:
         if hasattr(recurrent, "use"):
             recurrent.use(model, found)
         self._skip = frozenset(id(m.module) for m in found.mixers)
+        # The modules receiving per-position values, found once (each verify
+        # walks the ropes again: one may be swapped after the adapter is made).
+        self._positions = position_inputs(model) if family.positions else []
         self._last: Optional[_Verified] = None
 
     def __repr__(self):
@@ -238,7 +242,8 @@ class TreeAdapter:
         per-node positions (treespec.verify.attention.tree_injected); it
         yields a probe that raises if the forward bypassed either. A
         subclass may inject something else (the suites plant defects here)."""
-        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start)
+        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+                             self._positions)
 
     def commit(
         self,
