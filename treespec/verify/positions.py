@@ -44,13 +44,10 @@ EMBEDDINGS = {
     ("mlx_lm.models.gpt_bigcode", "GPTBigCodeModel"): "wpe",
 }
 # The functions whose arange computes exactly the values the stand-ins
-# re-index (ministral3's Attention computes the scale itself only when not
-# handed one; the stand-in refuses that call).
+# re-index (mistral4 imports ministral3's; ministral3's Attention calls it
+# itself only when not handed a scale, and the stand-in refuses that call).
 HANDLED = {
     ("mlx_lm.models.ministral3", "_get_llama_4_attn_scale"),
-    ("mlx_lm.models.ministral3", "Attention.__call__"),
-    ("mlx_lm.models.ministral3", "LanguageModel.__call__"),
-    ("mlx_lm.models.mistral4", "Mistral4Model.__call__"),
     ("mlx_lm.models.gpt2", "GPT2Model.__call__"),
     ("mlx_lm.models.gpt_bigcode", "GPTBigCodeModel.__call__"),
 }
