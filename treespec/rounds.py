@@ -120,6 +120,9 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     adapter = adapter if adapter is not None else adapter_for(target)
     walker = walker if walker is not None else greedy()
     stats = Stats(mode, requested=requested or drafter.describe())
+    note = getattr(adapter, "note", None)  # a model without an audit record says so
+    if note:
+        stats.notes.append(note)
     if gate:
         # A round never verifies more than max_tokens nodes (its drafts are
         # cut to what is left to emit), so larger shapes are not probed.

@@ -14,10 +14,10 @@ import pytest
 from suites.guards import helpers
 from suites.guards.helpers import Fault, Raises
 from treespec.audit.states import clone, fingerprint, plain
-from treespec.models import model_type, prefilled
+from treespec.models import prefilled
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
-from treespec.verify.adapter import FAMILIES, TreeAdapter
+from treespec.verify.adapter import TreeAdapter
 from treespec.verify.attention import tree_injected
 
 pytestmark = pytest.mark.exactness
@@ -83,7 +83,8 @@ def test_a_fault_inside_verify_leaves_every_cache_as_it_was(family, point, tree_
     untouched = clone(cache)
     before = fingerprint(cache)
     if point == "mask":
-        adapter = MaskFault(model, FAMILIES[model_type(model)])
+        real = adapter_for(model)
+        adapter = MaskFault(model, real.family, real.recurrent, real.found)
         with pytest.raises(Fault):
             adapter.verify(tree, cache)
     else:

@@ -13,7 +13,7 @@ from treespec.models import prefilled
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify.footprint import footprint_breakdown
-from treespec.verify.gdn_tree import TreeGatedDelta
+from treespec.verify.recurrence import TreeRecurrence
 
 pytestmark = pytest.mark.exactness
 
@@ -24,7 +24,7 @@ def limited(nodes: int):
     """The qwen3_5 adapter whose limit is exactly ``nodes`` nodes' states."""
     model = helpers.model(FAMILY)
     limit = footprint_breakdown(model, nodes)["total_bytes"]
-    return model, adapter_for(model, recurrent=TreeGatedDelta(limit))
+    return model, adapter_for(model, recurrent=TreeRecurrence(limit))
 
 
 @pytest.mark.parametrize("length", [5, 8, 40])

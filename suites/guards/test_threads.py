@@ -12,11 +12,11 @@ import pytest
 
 from suites.guards import helpers
 from treespec.audit.states import plain
-from treespec.models import model_type, prefilled
+from treespec.models import prefilled
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify import guard
-from treespec.verify.adapter import FAMILIES, TreeAdapter
+from treespec.verify.adapter import TreeAdapter
 from treespec.verify.attention import injected, tree_mask
 
 pytestmark = pytest.mark.exactness
@@ -31,7 +31,8 @@ class Held(TreeAdapter):
     (every rope, mixer and recorder is swapped by then), until released."""
 
     def __init__(self, model):
-        super().__init__(model, FAMILIES[model_type(model)])
+        real = adapter_for(model)
+        super().__init__(model, real.family, real.recurrent, real.found)
         self.inside, self.release = threading.Event(), threading.Event()
 
     def injection(self, cache, tree, owners, start):

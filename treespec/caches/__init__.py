@@ -51,8 +51,8 @@ from .base import Mode, refuse
 from .recurrent import Arrays
 
 __all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts", "hold",
-           "holds_recurrent", "mode_of", "offset", "offset_of", "plan_commit", "put_back",
-           "refuse", "rotating_kept", "rotating_present"]
+           "holds_recurrent", "leaves", "mode_of", "offset", "offset_of", "plan_commit",
+           "put_back", "refuse", "rotating_kept", "rotating_present", "written"]
 
 
 class Listed(Mode):
@@ -112,11 +112,31 @@ def offset_of(c) -> Optional[int]:
     return mode_of(c).offset(c)
 
 
+def leaves(cache: Sequence) -> list:
+    """``(where, cache)`` of every cache in a model's cache list, the entries
+    of a CacheList in its place: ``where`` is ``(layer,)`` or ``(layer,
+    entry)``."""
+    out = []
+    for i, c in enumerate(cache):
+        if type(c) is CacheList:
+            out += [((i, j), s) for j, s in enumerate(c.caches)]
+        else:
+            out.append(((i,), c))
+    return out
+
+
+def written(c) -> bool:
+    return mode_of(c).written(c)
+
+
 def offset(cache: Sequence) -> Optional[int]:
     """Tokens a model's cache list has seen (the next token's position): the
     offset of its positional entries, None when it has none (a purely
-    recurrent model). Raises if they disagree."""
-    offsets = {o for o in map(offset_of, cache) if o is not None}
+    recurrent model). Raises if they disagree. An attention cache no forward
+    ever wrote (a layer that never attends) has no say once another has been
+    written."""
+    found = [(o, written(c)) for _, c in leaves(cache) for o in [offset_of(c)] if o is not None]
+    offsets = {o for o, w in found if w} or {o for o, _ in found}
     if len(offsets) > 1:
         raise ValueError(f"the caches disagree on their offset: {sorted(offsets)}")
     return offsets.pop() if offsets else None
@@ -128,7 +148,8 @@ def holds_recurrent(c) -> bool:
 
 
 def attention_caches(cache: Sequence) -> list:
-    return [c for c in cache if mode_of(c).attention]
+    """Every attention cache, CacheList entries included."""
+    return [c for _, c in leaves(cache) if mode_of(c).attention]
 
 
 def grows_in_parts(cache: Sequence) -> bool:
@@ -150,6 +171,11 @@ def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Call
     mode = mode_of(c)
     if mode is _UNKNOWN:
         refuse(c, where, "unknown cache class: no exact rollback is known for it")
+    if mode.attention and not mode.written(c) and c.offset == 0 and (
+            entry is None or entry.offset == 0):
+        # No forward ever wrote it, the verify's neither: a layer that never
+        # attends (nemotron-nas's no-op attention). Nothing to commit.
+        return lambda: ([], lambda: [])
     if entry is not None:
         if entry.cls is not type(c):
             refuse(c, where, f"the snapshot holds a {entry.cls.__name__} here")
