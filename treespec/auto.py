@@ -324,9 +324,16 @@ def explain(choice: Candidate, ranked: Sequence[Candidate], curve: Dict[int, flo
 
 def decode_kwargs(choice: dict) -> dict:
     """The ``treespec.decode.decode`` keyword arguments of a choice."""
-    out = {k: choice[k] for k in ("mode", "block", "budget", "width") if choice.get(k) is not None}
+    mode = choice["mode"]
+    if mode == "classic":
+        return {"mode": "classic"}
+    if mode == "chain":
+        return {"mode": "chain", "block": choice["block"]}
     if choice.get("branching"):
-        out.update(fixed_shape(choice["branching"]))
+        return {"mode": "tree", **fixed_shape(choice["branching"])}
+    out = {"mode": "tree", "budget": choice["budget"]}
+    if choice.get("width") is not None:
+        out["width"] = choice["width"]
     return out
 
 

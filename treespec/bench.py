@@ -37,7 +37,6 @@ processes on a busy machine.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import dataclass
@@ -48,68 +47,13 @@ from mlx_lm.generate import speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from .auto import decode_kwargs as auto_decode_kwargs
+from .bench_prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS  # noqa: F401  (re-exported)
 from .bench_report import EXACT, summarize
 from .decode import decode
 from .draft import ChainDrafter, FixedTreeDrafter, fixed_shape, make_drafter, shape_name
+from .flags import parse_blocks, parse_trees  # noqa: F401  (bench's flag values)
 from .gate import DRAWS, Decision, compare_shape, configuration
 
-# Python-code prompts for the trained pair (trained on CPython's stdlib). Each
-# ends in a newline, not indentation spaces (treespec/pair/README.md says why).
-PROMPTS = [
-    "import os\nimport sys\n\n\ndef main(argv):\n",
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
-    "def read_lines(path):\n    with open(path) as f:\n",
-    "    def __repr__(self):\n",
-    '"""Utilities for parsing command line arguments."""\n\nimport re\n',
-    "for i in range(len(items)):\n",
-    "try:\n    import threading\nexcept ImportError:\n",
-    "    if not isinstance(value, str):\n",
-]
-FIXED_TREES = ((2, 1, 1), (2, 2, 1), (3, 1, 1, 1))
-DEFAULT_BLOCKS = "2..8"
-
-
-# ----------------------------------------------------------------------------- parsing
-
-
-def parse_blocks(text: str) -> List[int]:
-    """'2..8' -> [2..8]; '2,4,6' -> [2, 4, 6]; every block >= 2."""
-    text = text.replace(" ", "")
-    try:
-        if ".." in text:
-            lo, hi = (int(x) for x in text.split(".."))
-            blocks = list(range(lo, hi + 1))
-        else:
-            blocks = [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--blocks wants LO..HI or a comma list, got {text!r}")
-    if not blocks or min(blocks) < 2:
-        raise argparse.ArgumentTypeError(f"--blocks needs blocks >= 2 (one draft at least), "
-                                         f"got {text!r}")
-    return sorted(set(blocks))
-
-
-def parse_trees(text: str) -> List[tuple]:
-    """'2,1,1 2,2,1' (or ';'-separated) -> [(2,1,1), (2,2,1)]; '' -> []. A part
-    that starts with -1 is a parent list ('-1,0,0,1,1': the chain plus the
-    second-best token at each depth); on the command line write it
-    ``--trees="-1,0,0,1,1"``, or argparse takes it for an option."""
-    out = []
-    for part in text.replace(";", " ").split():
-        try:
-            t = tuple(int(x) for x in part.split(",") if x)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"--trees wants branching lists like 2,2,1 or parent lists like -1,0,0,1, "
-                f"got {part!r}")
-        try:
-            if not t:
-                raise ValueError("an empty shape")
-            FixedTreeDrafter(**fixed_shape(t))
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(f"--trees: {part!r}: {e}")
-        out.append(t)
-    return out
 
 
 # ----------------------------------------------------------------------------- configurations

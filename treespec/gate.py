@@ -10,20 +10,24 @@ instead of assuming.
 
 ``probe`` verifies each shape from one prefilled cache state and compares
 every node's logits byte for byte with single-token steps over its root path,
-over several independent draws. Results are memoized under a key of what can
-change them. ``decide`` turns a probe into run / decline.
+over several independent draws, in the cache mode the run uses (``cache``:
+treespec.kv.ProbeCache; default mlx-lm's plain cache). Results are memoized
+under a key of what can change them, in this process and on disk
+(treespec.gate_memo). ``decide`` turns a probe into run / decline.
 """
 
 import hashlib
 import json
 import random
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from . import gate_memo
 from .blas import detect
 from .models import model_type, prefilled, vocab_size
 from .tree import DraftTree
@@ -31,6 +35,7 @@ from .verify import adapter_for
 
 DRAWS = 3  # one draw is a coin toss when only a few bytes move
 CONTEXT = 24
+ADAPTER = "treespec.verify.adapter_for"  # the default adapter's name in the key
 
 
 @dataclass
@@ -52,6 +57,9 @@ class Probe:
     key: str
     config: dict
     shapes: List[ShapeResult] = field(default_factory=list)
+    seconds: float = 0.0  # what measuring it cost (0 when read back from disk)
+    memo: Optional[str] = None  # the file it was stored to or read from
+    source: str = "measured"  # or "disk memo"
 
     @property
     def identical(self) -> bool:
@@ -130,12 +138,12 @@ def _key(config: dict, shapes) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _chain_logits(model, context, tree) -> Dict[int, mx.array]:
+def _chain_logits(model, context, tree, fresh=prefilled) -> Dict[int, mx.array]:
     """Each node's logits from single-token steps over its root path, the way
     classic decoding computes them."""
     out = {}
     for leaf in tree.leaves():
-        cache = prefilled(model, context)
+        cache = fresh(model, context)
         for node in tree.path_to(leaf):
             logits = model(mx.array([[tree.tokens[node]]]), cache=cache)[0, -1]
             if node not in out:
@@ -145,20 +153,23 @@ def _chain_logits(model, context, tree) -> Dict[int, mx.array]:
 
 
 def compare_shape(model, parents: Sequence[int], draws: int = DRAWS, seed: int = 0,
-                  context: int = CONTEXT, adapter=None) -> ShapeResult:
+                  context: int = CONTEXT, adapter=None, cache=None) -> ShapeResult:
     """Verify ``draws`` random trees of this shape from random prefilled
     contexts and compare every node byte for byte with single-token steps.
-    ``adapter``: the tree adapter measured (default ``adapter_for(model)``)."""
+    ``adapter``: the tree adapter measured (default ``adapter_for(model)``);
+    ``cache``: the cache mode (its ``prefilled(model, tokens)``; default
+    mlx-lm's plain cache)."""
     adapter = adapter if adapter is not None else adapter_for(model)
+    fresh = cache.prefilled if cache is not None else prefilled
     v = vocab_size(model)
     identical, worst, flips, first = True, 0.0, 0, None
     for d in range(draws):
         rng = random.Random(hash((seed, d, len(parents))) & 0xFFFFFFFF)
         ctx = [rng.randrange(v) for _ in range(context)]
         tree = DraftTree([rng.randrange(v) for _ in parents], parents)
-        cache = prefilled(model, ctx)
-        got = adapter.verify(tree, cache)
-        ref = _chain_logits(model, ctx, tree)
+        state = fresh(model, ctx)
+        got = adapter.verify(tree, state)
+        ref = _chain_logits(model, ctx, tree, fresh)
         for i in range(len(tree)):
             a, b = got[i], ref[i]
             if mx.array_equal(a, b).item():
@@ -185,17 +196,38 @@ _MEMO: Dict[str, Probe] = {}
 
 
 def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int = 0,
-          adapter=None, adapter_name: str = "treespec.verify.adapter_for") -> Probe:
-    """Measure every shape; memoized per (configuration, shapes, draws, the
-    adapter's name). ``adapter``: the tree adapter measured (default
-    ``adapter_for(model)``), named by ``adapter_name`` in the key."""
+          adapter=None, adapter_name: str = ADAPTER, cache=None,
+          note: Optional[Callable[[str], None]] = None) -> Probe:
+    """Measure every shape; memoized per (configuration, cache mode, shapes,
+    draws, the adapter's name). ``adapter``: the tree adapter measured
+    (default ``adapter_for(model)``), named by ``adapter_name`` in the key;
+    ``cache``: the cache mode (treespec.kv.ProbeCache; None: mlx-lm's plain
+    cache). Probes of the default adapter are also kept on disk
+    (treespec.gate_memo); ``note`` receives why a stored file was ignored."""
     shapes = [tuple(s) for s in shapes]
-    config = configuration(model)
-    key = _key({**config, "draws": draws, "seed": seed, "adapter": adapter_name}, shapes)
+    mode = cache.describe() if cache is not None else None
+    config = {**configuration(model), **(mode or {})}
+    keyed = {**config, "draws": draws, "seed": seed, "adapter": adapter_name}
+    key = _key(keyed, shapes)
     if key not in _MEMO:
-        result = Probe(key, config)
-        for s in shapes:
-            result.shapes.append(compare_shape(model, s, draws, seed, adapter=adapter))
+        persist = adapter_name == ADAPTER  # treespec's own adapter: code source_digest covers
+        expect = gate_memo.stamp(key, keyed, shapes) if persist else None
+        kw = {} if note is None else {"note": note}
+        stored = gate_memo.load(expect, **kw) if persist else None
+        if stored is not None:
+            results, path = stored
+            result = Probe(key, config, [ShapeResult(**{**r, "shape": tuple(r["shape"])})
+                                         for r in results], memo=str(path), source="disk memo")
+        else:
+            t0 = time.perf_counter()
+            result = Probe(key, config)
+            for s in shapes:
+                result.shapes.append(compare_shape(model, s, draws, seed, adapter=adapter,
+                                                   cache=cache))
+            result.seconds = time.perf_counter() - t0
+            if persist:
+                path = gate_memo.save(expect, [asdict(r) for r in result.shapes], **kw)
+                result.memo = str(path) if path is not None else None
         _MEMO[key] = result
     return _MEMO[key]
 
@@ -208,15 +240,20 @@ class Decision:
     probe: Optional[Probe] = None
 
     def summary(self) -> dict:
+        p = self.probe
         return {"run": self.run, "exact": self.exact, "reason": self.reason,
-                "probe_key": self.probe.key if self.probe else None,
-                "max_abs_diff": self.probe.max_abs_diff if self.probe else None,
-                "argmax_flips": self.probe.argmax_flips if self.probe else None}
+                "probe_key": p.key if p else None,
+                "max_abs_diff": p.max_abs_diff if p else None,
+                "argmax_flips": p.argmax_flips if p else None,
+                "probe_seconds": p.seconds if p else None,
+                "probe_source": p.source if p else None,
+                "probe_memo": p.memo if p else None}
 
 
 def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapter=None,
-           adapter_name: str = "treespec.verify.adapter_for") -> Decision:
-    p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name)
+           adapter_name: str = ADAPTER, cache=None) -> Decision:
+    """Run / decline from ``probe`` (``cache``: the cache mode, as there)."""
+    p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name, cache=cache)
     if p.identical:
         return Decision(True, True, f"probe passed: {len(p.shapes)} shapes bit-identical "
                         f"to single-token steps ({p.config['blas']}, {p.config['device']})", p)

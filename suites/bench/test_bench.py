@@ -17,7 +17,7 @@ from treespec import bench as B
 from treespec import bench_cli
 from treespec import bench_report as R
 from treespec.checkpoints import default_pair, load_default_pair
-from treespec.cli import build_parser
+from treespec.cli import build_parser, command
 from treespec.gate import Decision
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_trees_parse_parent_lists_told_apart_by_the_roots_minus_one():
 
 def test_the_bench_command_and_its_defaults():
     args = build_parser().parse_args(["bench"])
-    assert args.func is bench_cli.cmd_bench
+    assert command(args.command) is bench_cli.cmd_bench
     assert args.blocks == [2, 3, 4, 5, 6, 7, 8]
     assert args.trees == [(2, 1, 1), (2, 2, 1), (3, 1, 1, 1)]
     assert (args.prompts, args.repeats, args.model, args.plot) == (3, 5, None, None)
@@ -86,8 +86,9 @@ def test_configurations_cover_every_mode_at_matching_budgets():
 def test_auto_rows_decode_as_their_choice():
     chain = B.auto_config({"mode": "chain", "block": 3, "budget": 2, "branching": None,
                            "width": None, "reason": "r"})
+    # a chain's size is its block: decode refuses a budget beside it
     assert chain.name == "auto (chain b=3)" and chain.decode_kwargs() == {
-        "mode": "chain", "block": 3, "budget": 2}
+        "mode": "chain", "block": 3}
     tree = B.auto_config({"mode": "tree", "block": None, "budget": 5, "branching": None,
                           "width": 4, "reason": "r"})
     assert tree.name == "auto (conf n=5)" and tree.effective_kind() == "confidence"
