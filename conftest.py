@@ -1,6 +1,8 @@
-"""Project-wide pytest setup: markers, hypothesis profiles, golden snapshots."""
+"""Project-wide pytest setup: markers, hypothesis profiles, golden snapshots,
+and a private folder for the probe's disk memo."""
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,11 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # The gate's verdicts on disk (treespec/gate_memo.py) go to a folder of this
+    # run, not the user's ~/.cache/treespec; subprocesses and xdist workers
+    # inherit it. A caller's TREESPEC_CACHE_DIR is kept.
+    if not os.environ.get("TREESPEC_CACHE_DIR"):
+        os.environ["TREESPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="treespec-test-cache-")
     config.addinivalue_line(
         "markers", "exactness: checks one of the ten exactness contracts (the CI gate)"
     )

@@ -342,7 +342,8 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
            trees: Sequence[Sequence[int]] = (), allow_classic: bool = True,
            allow_inexact: bool = False, margin: float = 0.05, eos_token_ids=None,
            decide: Optional[Callable] = None,
-           log: Callable[[str], None] = lambda s: None) -> dict:
+           log: Callable[[str], None] = lambda s: None,
+           deadline: Optional[float] = None) -> dict:
     """Measure, predict, gate, choose. Returns
     ``dict(mode, block, budget, branching, width, reason, predicted, details)``;
     ``decode_kwargs(result)`` feeds ``treespec.decode.decode``. ``prompts``: token
@@ -376,7 +377,8 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
     specs += [{"kind": "fixed", "branching": tuple(t),
                "budget": FixedTreeDrafter(**fixed_shape(t)).budget()} for t in trees]
     t0 = time.perf_counter()
-    cal = calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos_token_ids, log)
+    cal = calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos_token_ids, log,
+                    deadline)
     log(f"auto: calibration {len(specs)} configurations x {len(prompts)} prompts x "
         f"{max_tokens} tokens x {repeats} ({time.perf_counter() - t0:.1f}s)")
     classic = next((c for c in cal if c["kind"] == "classic"), None)

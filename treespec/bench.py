@@ -298,12 +298,29 @@ def prefill_ms(model, prompt, repeats: int = 5) -> float:
 def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Config],
           max_tokens: int = 64, repeats: int = 3, eos=None, allow_inexact: bool = False,
           decide: Optional[Callable] = None, log: Callable[[str], None] = lambda s: None,
-          warmup_tokens: Optional[int] = None, max_seconds: Optional[float] = None) -> dict:
+          warmup_tokens: Optional[int] = None, max_seconds: Optional[float] = None,
+          deadline: Optional[float] = None, clock: Callable[[], float] = time.perf_counter
+          ) -> dict:
     """Gate, warm up, run interleaved, aggregate. Returns the report dict
     (rows in config order; a gated row has ``exact`` False and a ``reason``).
-    ``max_seconds``: start no repeat after that many seconds of this call (at
-    least one runs); the report says how many repeats its medians cover."""
-    t_call = time.perf_counter()
+
+    ``deadline`` (a ``clock()`` reading; ``max_seconds`` sets it from this
+    call's start): nothing new starts once it has passed. Configurations not
+    yet probed are skipped, the warm-up stops, and no further timed run
+    starts, except classic's first (the reference every text is diffed
+    with). A skipped row says so (``skipped``); the report says how many
+    repeats ran and whether the warm-up was cut."""
+    t_call = clock()
+    if deadline is None and max_seconds is not None:
+        deadline = t_call + max_seconds
+
+    def spent() -> bool:
+        return deadline is not None and clock() > deadline
+
+    def skip(c, stage):
+        rows[c.name]["skipped"] = f"not {stage}: --max-seconds spent"
+        if c in live:
+            live.remove(c)
     if decide is None:
         decide = SharedProbe()
     prompts = [list(map(int, p)) for p in prompts]
@@ -314,12 +331,16 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     rows = {c.name: {"name": c.name, "kind": c.kind, "block": c.block, "budget": c.budget,
                      "branching": list(c.branching) if c.branching else None,
                      "exact": True, "checks": "reference" if not c.speculative else None,
-                     "reason": None, "probe": None, "wall": [], "decode": [], "runs": []}
+                     "reason": None, "probe": None, "wall": [], "decode": [], "runs": [],
+                     "skipped": None}
             for c in configs}
     live = list(configs)
     # 1. The exactness probe, per configuration (memoized per shape set).
     for c in configs:
         if not c.speculative:
+            continue
+        if spent():
+            skip(c, "probed")
             continue
         t0 = time.perf_counter()
         d = decide(target, c.probe_shapes(), allow_inexact=allow_inexact)
@@ -336,8 +357,12 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     # accelerator a run's first meeting with a shape compiles kernels (and
     # cuDNN attention builds a graph per kv length: treespec/cuda_env.py),
     # so a short warm-up would leave those costs inside the timed runs.
+    warmed = True
     for c in live:
         for p in prompts:
+            if spent():
+                warmed = False
+                break
             run_config(c, target, draft, p, max_tokens if warmup_tokens is None
                        else min(warmup_tokens, max_tokens), eos)
     # Prefill per prompt, subtracted from each run's wall for decode tok/s.
@@ -347,8 +372,8 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     reference: List[Optional[List[int]]] = [None] * len(prompts)
     done = 0
     for r in range(repeats):
-        if r and max_seconds is not None and time.perf_counter() - t_call > max_seconds:
-            log(f"  stopping after {r} of {repeats} repeats: --max-seconds {max_seconds:g} spent")
+        if r and spent():
+            log(f"  stopping after {r} of {repeats} repeats: --max-seconds spent")
             break
         done = r + 1
         order = live[1:]
@@ -359,7 +384,11 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
         t_rep = time.perf_counter()
         for c in order:
             row = rows[c.name]
-            if not row["exact"]:
+            if not row["exact"] or row["skipped"]:
+                continue
+            if spent() and not (r == 0 and c is live[0]):
+                if not row["runs"]:
+                    skip(c, "timed")
                 continue
             runs = []
             for i, p in enumerate(prompts):
@@ -394,5 +423,6 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
         log(f"  repeat {r + 1}/{repeats}: {time.perf_counter() - t_rep:.1f}s")
     report = summarize(rows, configs, prompts, max_tokens, done)
     report["repeats_asked"] = repeats
+    report["warmed_up"] = warmed
     report["prefill_ms"] = [{"target": pt, "draft": pd} for pt, pd in prefill]
     return report

@@ -21,6 +21,8 @@ CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 def cmd_bench(args) -> int:
     prepare(args.blas)
     t_start = time.perf_counter()
+    # --max-seconds bounds the whole command: from here, not from the timed runs.
+    deadline = None if args.max_seconds is None else t_start + args.max_seconds
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else \
         (lambda s: print(s, flush=True))
     if args.plot:  # fail before minutes of measuring, not after
@@ -71,7 +73,9 @@ def cmd_bench(args) -> int:
                         "draft_model": str(draft_path), "prompts_text": texts}
 
     curve = None
-    if args.verify_curve:
+    if args.verify_curve and deadline is not None and time.perf_counter() > deadline:
+        say("verify curve skipped: --max-seconds spent")
+    elif args.verify_curve:
         t0 = time.perf_counter()
         curve = verify_cost_curve(target, CURVE_TS, context=64, repeats=7, warmup=2)
         say(format_curve(curve, f"target, {time.perf_counter() - t0:.1f}s"))
@@ -84,7 +88,8 @@ def cmd_bench(args) -> int:
         choice = auto.choose(target, draft, auto_prompts, tokenizer=tokenizer,
                              max_block=max(args.blocks), trees=args.trees,
                              width=args.width, allow_inexact=args.allow_inexact,
-                             eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s))
+                             eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s),
+                             deadline=deadline)
         say(f"auto ({time.perf_counter() - t0:.1f}s calibration): {describe_choice(choice)}: "
             f"{choice['reason']}")
         report_extra["auto"] = {k: v for k, v in choice.items()}
@@ -96,8 +101,7 @@ def cmd_bench(args) -> int:
         f"tokens, {args.repeats} interleaved repeats")
     report = bench(target, draft, prompts, configs, max_tokens=args.max_tokens,
                    repeats=args.repeats, eos=eos, allow_inexact=args.allow_inexact,
-                   max_seconds=args.max_seconds,
-                   decide=gate, log=say)
+                   deadline=deadline, decide=gate, log=say)
     report.update(report_extra)
     report["seconds"] = time.perf_counter() - t_start
     if args.plot:

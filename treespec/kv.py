@@ -19,6 +19,7 @@ mlx-lm's ``generate_step`` keeps them so the text stays classic decoding's:
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
+import mlx.core as mx
 from mlx_lm.generate import maybe_quantize_kv_cache
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -123,12 +124,17 @@ def refusal(kv: KVOptions, models, prompt_len: int, max_tokens: int,
                     f"cache would never be quantized (lower {spell('quantized_kv_start')}, "
                     "e.g. to 0)")
         for model in models:
-            for c in make_prompt_cache(model):
+            # Ask mlx-lm itself, on a cache that has seen one token: some
+            # classes do not quantize, and mx.quantize needs head dims
+            # divisible by the group size.
+            cache = make_prompt_cache(model)
+            model(mx.array([[0]]), cache=cache)
+            for c in cache:
                 if not hasattr(c, "to_quantized"):
                     continue  # maybe_quantize_kv_cache leaves it as it is
                 try:
-                    c.to_quantized(group_size=kv.group_size, bits=kv.kv_bits)
-                except NotImplementedError as e:
-                    return (f"{spell('kv_bits', kv.kv_bits)}: mlx-lm cannot quantize this "
-                            f"model's {type(c).__name__} ({e})")
+                    mx.eval(c.to_quantized(group_size=kv.group_size, bits=kv.kv_bits).state)
+                except (NotImplementedError, ValueError) as e:
+                    return (f"{spell('kv_bits', kv.kv_bits)} (group size {kv.group_size}): "
+                            f"mlx-lm cannot quantize this model's {type(c).__name__}: {e}")
     return None

@@ -54,7 +54,7 @@ class Spelling:
     def __call__(self, option: str, *value) -> str:
         if self.flags is None:
             if not value:
-                return f"{option}="
+                return option
             return f"{option}={value[0]!r}" if value[0] is not True else option
         flag, show = self.flags.get(option, (f"--{option.replace('_', '-')}", lambda v: v))
         if not value:
