@@ -318,9 +318,13 @@ class DecodeOptions:
             if not self.branching or any(not _is_int(b) or b < 1 for b in self.branching):
                 raise OptionError(f"{spell('branching', self.branching)}: branching factors "
                                   "must be integers >= 1, at least one level")
-        if self.parents is not None and len(self.parents) < 1:
-            raise OptionError(f"{spell('parents', self.parents)}: a parent list starts with "
-                              "the root's -1")
+        if self.parents is not None:
+            bad = next((i for i, p in enumerate(self.parents)
+                        if not _is_int(p) or (p != -1 if i == 0 else not 0 <= p < i)), None)
+            if not self.parents or bad is not None:
+                raise OptionError(f"{spell('parents', self.parents)}: a parent list starts with "
+                                  "the root's -1 and names an earlier node for every other "
+                                  f"node{'' if bad is None else f' (node {bad} does not)'}")
         nodes = self.draft_nodes()
         if nodes is not None and nodes > MAX_DRAFT_NODES:
             n = next(n for n in ("budget", "branching", "parents", "block")

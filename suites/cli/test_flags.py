@@ -70,6 +70,10 @@ REFUSED = {
                                      "3"], dict(mode="tree", branching=[2, 1], budget=3),
                                     "--budget 3 sizes the confidence tree",
                                     "budget=3 sizes the confidence tree"),
+    "a parent list that is no tree": (["--mode", "tree", "--tree-parents=-1,0,3"],
+                                      dict(mode="tree", parents=[-1, 0, 3]),
+                                      "--tree-parents -1,0,3: a parent list starts with the "
+                                      "root's -1", "(node 2 does not)"),
     "two fixed shapes": (["--mode", "tree", "--tree-branching", "2", "--tree-parents=-1,0"],
                          dict(mode="tree", branching=[2], parents=[-1, 0]),
                          "give one fixed shape", "give one fixed shape"),

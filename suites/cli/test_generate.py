@@ -249,3 +249,39 @@ def test_kv_flags_that_cannot_act_here_are_refused_with_the_reason(capsys):
     assert "--max-kv-size 512: this mlx_lm.models.llama model builds its own caches" in err
     err = _error(capsys, "--kv-bits", "8", "-m", "10")
     assert "--kv-bits 8 acts from position 5000 on (--quantized-kv-start 5000)" in err
+
+
+# ----------------------------------------------------------------------------- against mlx-lm's CLI
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory):
+    """The zoo llama with a chat template, as instruct checkpoints have."""
+    path = tmp_path_factory.mktemp("template") / "llama"
+    shutil.copytree(zoo.checkpoint("llama"), path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}<|reserved_0|>{{ m['role'] }}: "
+                            "{{ m['content'] }}\n{% endfor %}"
+                            "{% if add_generation_prompt %}assistant: {% endif %}")
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def both_clis(model, *flags, stdin=None):
+    """(mlx-lm's `mlx_lm generate --verbose False`, `treespec generate --quiet`) stdout."""
+    args = ["--model", str(model), "-m", "12", *flags]
+    mlx = subprocess.run([sys.executable, "-m", "mlx_lm", "generate", *args, "--verbose", "False"],
+                         cwd=ROOT, capture_output=True, input=stdin)
+    ours = subprocess.run([sys.executable, "-m", "treespec", "generate", *args, "--quiet"],
+                          cwd=ROOT, capture_output=True, input=stdin)
+    assert mlx.returncode == 0 and ours.returncode == 0, (mlx.stderr, ours.stderr)
+    return mlx.stdout, ours.stdout
+
+
+def test_the_prompt_reads_as_mlx_lms_own_command_line_reads_it(templated):
+    with_template = both_clis(templated, "-p", "hello there")
+    raw = both_clis(templated, "-p", "hello there", "--ignore-chat-template")
+    piped = both_clis(templated, "-p", "-", "--ignore-chat-template", stdin=b"hello there")
+    for mlx_lm_text, ours in (with_template, raw, piped):
+        assert ours == mlx_lm_text
+    assert with_template[0] != raw[0] and raw[0] == piped[0]
