@@ -83,11 +83,11 @@ def gate_words(summary: dict) -> str:
     if not gate:
         return "gate: not needed (classic decoding)"
     where = ""
-    if gate.get("probe_source") == "disk memo":
-        where = ", probe read from its memo"
-    elif gate.get("probe_seconds") is not None:
+    if gate.get("probe_seconds"):  # paid in this run (in every cache mode it probed)
         where = f", probe {gate['probe_seconds']:.1f} s" + (
             " (memoized)" if gate.get("probe_memo") else "")
+    elif gate.get("probe_source") == "disk memo":
+        where = ", probe read from its memo"
     if not gate["run"]:
         return f"gate: declined, ran classic{where}"
     return f"gate: {'exact' if gate['exact'] else 'INEXACT (--allow-inexact)'}{where}"

@@ -20,7 +20,7 @@ from mlx_lm.generate import generate_step
 
 from . import caches, kv as kv_caches
 from .draft import Drafter, Round
-from .gate import Decision, decide
+from .gate import decide
 from .models import PREFILL_STEP, prefill
 from .options import KVOptions
 from .stats import Result, Stats, clip, eos_set
@@ -68,15 +68,20 @@ def _warn_once(decision):
 
 
 def gate_decision(target, shapes, kv: KVOptions, prompt_len: int, max_tokens: int,
-                  allow_inexact: bool, adapter, adapter_name: str) -> Decision:
+                  allow_inexact: bool, adapter, adapter_name: str):
     """The gate over every cache mode this run verifies in (treespec.kv): the
     first mode that declines decides, else the first inexact one, else the
-    first."""
+    first. Returns (decision, its summary with every mode's probe time)."""
     decisions = [decide(target, shapes, allow_inexact=allow_inexact, adapter=adapter,
                         adapter_name=adapter_name, cache=c)
                  for c in kv_caches.probe_caches(kv, prompt_len, max_tokens)]
-    return next((d for d in decisions if not d.run),
-                next((d for d in decisions if not d.exact), decisions[0]))
+    decision = next((d for d in decisions if not d.run),
+                    next((d for d in decisions if not d.exact), decisions[0]))
+    summary = decision.summary()
+    summary["probe_seconds"] = sum(d.probe.seconds for d in decisions)
+    if len(decisions) > 1:
+        summary["cache_modes_probed"] = len(decisions)
+    return decision, summary
 
 
 def greedy_readout(logits):
@@ -122,9 +127,9 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     walker = walker if walker is not None else greedy()
     stats = Stats(mode, requested=requested or drafter.describe())
     if gate:
-        decision = gate_decision(target, drafter.probe_shapes(max_tokens - 1), kv, len(prompt),
-                                 max_tokens, allow_inexact, adapter, adapter_name)
-        stats.gate = decision.summary()
+        decision, stats.gate = gate_decision(target, drafter.probe_shapes(max_tokens - 1), kv,
+                                             len(prompt), max_tokens, allow_inexact, adapter,
+                                             adapter_name)
         if not decision.exact:
             _warn_once(decision)
             stats.notes.append(decision.reason)

@@ -9,6 +9,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from treespec import zoo
+from treespec.blas import detect
 from treespec.decode import decode
 from treespec.errors import OptionError
 
@@ -49,8 +50,9 @@ def test_speculative_decoding_with_kv_options_is_mlx_lms_generate_with_them(
     want = mlx_lm_tokens(target, **kv)
     assert (want != mlx_lm_tokens(target)) == changes  # what the case is about
     result = decode(target, PROMPT, draft_model=draft, max_tokens=MAX_TOKENS, **mode, **kv)
-    assert result.stats.mode == mode["mode"] and result.stats.gate["exact"]
     assert result.tokens == want
+    if detect().name == "reference":  # bit-identical there; elsewhere the gate may decline
+        assert result.stats.mode == mode["mode"] and result.stats.gate["exact"]
     classic = decode(target, PROMPT, max_tokens=MAX_TOKENS, **kv)
     assert classic.tokens == want
 
