@@ -1,6 +1,9 @@
-"""Project-wide pytest setup: markers, hypothesis profiles, golden snapshots."""
+"""Project-wide pytest setup: markers, hypothesis profiles, golden snapshots,
+and a private folder for the probe's disk memo."""
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,6 +60,19 @@ def pytest_configure(config):
         or "ci"
     )
     settings.load_profile(profile)
+    # The gate's verdicts on disk (treespec/gate_memo.py) go to a folder of this
+    # run, not the user's ~/.cache/treespec; subprocesses and xdist workers
+    # inherit it. A caller's TREESPEC_CACHE_DIR is kept.
+    if not os.environ.get("TREESPEC_CACHE_DIR"):
+        os.environ["TREESPEC_CACHE_DIR"] = config._treespec_memo = tempfile.mkdtemp(
+            prefix="treespec-test-cache-")
+
+
+def pytest_unconfigure(config):
+    memo = getattr(config, "_treespec_memo", None)
+    if memo is not None:  # made by this run (not a worker's, not the caller's): removed
+        shutil.rmtree(memo, ignore_errors=True)
+        os.environ.pop("TREESPEC_CACHE_DIR", None)
 
 
 def _regime() -> str:

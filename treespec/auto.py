@@ -324,9 +324,16 @@ def explain(choice: Candidate, ranked: Sequence[Candidate], curve: Dict[int, flo
 
 def decode_kwargs(choice: dict) -> dict:
     """The ``treespec.decode.decode`` keyword arguments of a choice."""
-    out = {k: choice[k] for k in ("mode", "block", "budget", "width") if choice.get(k) is not None}
+    mode = choice["mode"]
+    if mode == "classic":
+        return {"mode": "classic"}
+    if mode == "chain":
+        return {"mode": "chain", "block": choice["block"]}
     if choice.get("branching"):
-        out.update(fixed_shape(choice["branching"]))
+        return {"mode": "tree", **fixed_shape(choice["branching"])}
+    out = {"mode": "tree", "budget": choice["budget"]}
+    if choice.get("width") is not None:
+        out["width"] = choice["width"]
     return out
 
 
@@ -335,7 +342,8 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
            trees: Sequence[Sequence[int]] = (), allow_classic: bool = True,
            allow_inexact: bool = False, margin: float = 0.05, eos_token_ids=None,
            decide: Optional[Callable] = None,
-           log: Callable[[str], None] = lambda s: None) -> dict:
+           log: Callable[[str], None] = lambda s: None,
+           deadline: Optional[float] = None) -> dict:
     """Measure, predict, gate, choose. Returns
     ``dict(mode, block, budget, branching, width, reason, predicted, details)``;
     ``decode_kwargs(result)`` feeds ``treespec.decode.decode``. ``prompts``: token
@@ -369,7 +377,8 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
     specs += [{"kind": "fixed", "branching": tuple(t),
                "budget": FixedTreeDrafter(**fixed_shape(t)).budget()} for t in trees]
     t0 = time.perf_counter()
-    cal = calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos_token_ids, log)
+    cal = calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos_token_ids, log,
+                    deadline)
     log(f"auto: calibration {len(specs)} configurations x {len(prompts)} prompts x "
         f"{max_tokens} tokens x {repeats} ({time.perf_counter() - t0:.1f}s)")
     classic = next((c for c in cal if c["kind"] == "classic"), None)

@@ -18,11 +18,14 @@ CALIBRATION_PROMPTS = [
 ]
 
 
-def calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log):
+def calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log,
+              deadline=None):
     """Interleaved greedy runs of each spec; per spec: records of the first
     repeat and per-round timings, the minimum over repeats (interference from
     other processes only ever adds time, so the minimum is the estimate of a
-    configuration's own cost that is least at the mercy of a busy machine)."""
+    configuration's own cost that is least at the mercy of a busy machine).
+    ``deadline`` (a time.perf_counter reading): no repeat after the first
+    starts past it."""
     def run(spec, prompt, mt, keep):
         if spec["kind"] == "classic":
             # mlx-lm's generate_step, greedy; steady state: from the first token
@@ -60,6 +63,9 @@ def calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log
         run(spec, prompts[0], min(8, max_tokens), False)
     acc = {i: [] for i in range(len(specs))}
     for r in range(repeats):
+        if r and deadline is not None and time.perf_counter() > deadline:
+            log(f"auto: calibration stopped after {r} of {repeats} repeats (--max-seconds)")
+            break
         k = r % len(specs)
         order = list(range(len(specs)))[k:] + list(range(len(specs)))[:k]
         for i in order:

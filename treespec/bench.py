@@ -37,7 +37,6 @@ processes on a busy machine.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import dataclass
@@ -48,68 +47,13 @@ from mlx_lm.generate import speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from .auto import decode_kwargs as auto_decode_kwargs
+from .bench_prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS  # noqa: F401  (re-exported)
 from .bench_report import EXACT, summarize
 from .decode import decode
 from .draft import ChainDrafter, FixedTreeDrafter, fixed_shape, make_drafter, shape_name
+from .flags import parse_blocks, parse_trees  # noqa: F401  (bench's flag values)
 from .gate import DRAWS, Decision, compare_shape, configuration
 
-# Python-code prompts for the trained pair (trained on CPython's stdlib). Each
-# ends in a newline, not indentation spaces (treespec/pair/README.md says why).
-PROMPTS = [
-    "import os\nimport sys\n\n\ndef main(argv):\n",
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
-    "def read_lines(path):\n    with open(path) as f:\n",
-    "    def __repr__(self):\n",
-    '"""Utilities for parsing command line arguments."""\n\nimport re\n',
-    "for i in range(len(items)):\n",
-    "try:\n    import threading\nexcept ImportError:\n",
-    "    if not isinstance(value, str):\n",
-]
-FIXED_TREES = ((2, 1, 1), (2, 2, 1), (3, 1, 1, 1))
-DEFAULT_BLOCKS = "2..8"
-
-
-# ----------------------------------------------------------------------------- parsing
-
-
-def parse_blocks(text: str) -> List[int]:
-    """'2..8' -> [2..8]; '2,4,6' -> [2, 4, 6]; every block >= 2."""
-    text = text.replace(" ", "")
-    try:
-        if ".." in text:
-            lo, hi = (int(x) for x in text.split(".."))
-            blocks = list(range(lo, hi + 1))
-        else:
-            blocks = [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--blocks wants LO..HI or a comma list, got {text!r}")
-    if not blocks or min(blocks) < 2:
-        raise argparse.ArgumentTypeError(f"--blocks needs blocks >= 2 (one draft at least), "
-                                         f"got {text!r}")
-    return sorted(set(blocks))
-
-
-def parse_trees(text: str) -> List[tuple]:
-    """'2,1,1 2,2,1' (or ';'-separated) -> [(2,1,1), (2,2,1)]; '' -> []. A part
-    that starts with -1 is a parent list ('-1,0,0,1,1': the chain plus the
-    second-best token at each depth); on the command line write it
-    ``--trees="-1,0,0,1,1"``, or argparse takes it for an option."""
-    out = []
-    for part in text.replace(";", " ").split():
-        try:
-            t = tuple(int(x) for x in part.split(",") if x)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"--trees wants branching lists like 2,2,1 or parent lists like -1,0,0,1, "
-                f"got {part!r}")
-        try:
-            if not t:
-                raise ValueError("an empty shape")
-            FixedTreeDrafter(**fixed_shape(t))
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(f"--trees: {part!r}: {e}")
-        out.append(t)
-    return out
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -354,12 +298,29 @@ def prefill_ms(model, prompt, repeats: int = 5) -> float:
 def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Config],
           max_tokens: int = 64, repeats: int = 3, eos=None, allow_inexact: bool = False,
           decide: Optional[Callable] = None, log: Callable[[str], None] = lambda s: None,
-          warmup_tokens: Optional[int] = None, max_seconds: Optional[float] = None) -> dict:
+          warmup_tokens: Optional[int] = None, max_seconds: Optional[float] = None,
+          deadline: Optional[float] = None, clock: Callable[[], float] = time.perf_counter
+          ) -> dict:
     """Gate, warm up, run interleaved, aggregate. Returns the report dict
     (rows in config order; a gated row has ``exact`` False and a ``reason``).
-    ``max_seconds``: start no repeat after that many seconds of this call (at
-    least one runs); the report says how many repeats its medians cover."""
-    t_call = time.perf_counter()
+
+    ``deadline`` (a ``clock()`` reading; ``max_seconds`` sets it from this
+    call's start): nothing new starts once it has passed. Configurations not
+    yet probed are skipped, the warm-up stops, and no further timed run
+    starts, except classic's first (the reference every text is diffed
+    with). A skipped row says so (``skipped``); the report says how many
+    repeats ran and whether the warm-up was cut."""
+    t_call = clock()
+    if deadline is None and max_seconds is not None:
+        deadline = t_call + max_seconds
+
+    def spent() -> bool:
+        return deadline is not None and clock() > deadline
+
+    def skip(c, stage):
+        rows[c.name]["skipped"] = f"not {stage}: --max-seconds spent"
+        if c in live:
+            live.remove(c)
     if decide is None:
         decide = SharedProbe()
     prompts = [list(map(int, p)) for p in prompts]
@@ -370,12 +331,16 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     rows = {c.name: {"name": c.name, "kind": c.kind, "block": c.block, "budget": c.budget,
                      "branching": list(c.branching) if c.branching else None,
                      "exact": True, "checks": "reference" if not c.speculative else None,
-                     "reason": None, "probe": None, "wall": [], "decode": [], "runs": []}
+                     "reason": None, "probe": None, "wall": [], "decode": [], "runs": [],
+                     "skipped": None}
             for c in configs}
     live = list(configs)
     # 1. The exactness probe, per configuration (memoized per shape set).
     for c in configs:
         if not c.speculative:
+            continue
+        if spent():
+            skip(c, "probed")
             continue
         t0 = time.perf_counter()
         d = decide(target, c.probe_shapes(), allow_inexact=allow_inexact)
@@ -392,8 +357,12 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     # accelerator a run's first meeting with a shape compiles kernels (and
     # cuDNN attention builds a graph per kv length: treespec/cuda_env.py),
     # so a short warm-up would leave those costs inside the timed runs.
+    warmed = True
     for c in live:
         for p in prompts:
+            if spent():
+                warmed = False
+                break
             run_config(c, target, draft, p, max_tokens if warmup_tokens is None
                        else min(warmup_tokens, max_tokens), eos)
     # Prefill per prompt, subtracted from each run's wall for decode tok/s.
@@ -403,8 +372,8 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
     reference: List[Optional[List[int]]] = [None] * len(prompts)
     done = 0
     for r in range(repeats):
-        if r and max_seconds is not None and time.perf_counter() - t_call > max_seconds:
-            log(f"  stopping after {r} of {repeats} repeats: --max-seconds {max_seconds:g} spent")
+        if r and spent():
+            log(f"  stopping after {r} of {repeats} repeats: --max-seconds spent")
             break
         done = r + 1
         order = live[1:]
@@ -415,7 +384,11 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
         t_rep = time.perf_counter()
         for c in order:
             row = rows[c.name]
-            if not row["exact"]:
+            if not row["exact"] or row["skipped"]:
+                continue
+            if spent() and not (r == 0 and c is live[0]):
+                if not row["runs"]:
+                    skip(c, "timed")
                 continue
             runs = []
             for i, p in enumerate(prompts):
@@ -450,5 +423,6 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
         log(f"  repeat {r + 1}/{repeats}: {time.perf_counter() - t_rep:.1f}s")
     report = summarize(rows, configs, prompts, max_tokens, done)
     report["repeats_asked"] = repeats
+    report["warmed_up"] = warmed
     report["prefill_ms"] = [{"target": pt, "draft": pd} for pt, pd in prefill]
     return report

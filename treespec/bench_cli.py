@@ -1,27 +1,28 @@
-"""``treespec bench``: its flags, the pair it runs on, and its printed report
-(the measurements are treespec.bench's)."""
+"""``treespec bench``'s run (its flags are treespec.cli's): the pair it runs
+on, and its printed report (the measurements are treespec.bench's)."""
 
 import json
 import sys
 import time
 
 from . import auto, scaled
-from .bench import (DEFAULT_BLOCKS, FIXED_TREES, PROMPTS, SharedProbe, auto_config, bench,
-                    build_configs, describe_choice, parse_blocks, parse_trees)
+from .bench import (PROMPTS, SharedProbe, auto_config, bench, build_configs,
+                    describe_choice)
 from .bench_report import format_curve, format_report, machine_info, write_plots
 from .checkpoints import check_same_tokenizer, default_pair, load_checkpoint
-from .costcurve import parse_dims, verify_cost_curve
+from .costcurve import verify_cost_curve
 from .errors import UsageError
 from .models import n_params
-
-
-
+from .process import prepare
 
 CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 
 
 def cmd_bench(args) -> int:
+    prepare(args.blas)
     t_start = time.perf_counter()
+    # --max-seconds bounds the whole command: from here, not from the timed runs.
+    deadline = None if args.max_seconds is None else t_start + args.max_seconds
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else \
         (lambda s: print(s, flush=True))
     if args.plot:  # fail before minutes of measuring, not after
@@ -72,7 +73,9 @@ def cmd_bench(args) -> int:
                         "draft_model": str(draft_path), "prompts_text": texts}
 
     curve = None
-    if args.verify_curve:
+    if args.verify_curve and deadline is not None and time.perf_counter() > deadline:
+        say("verify curve skipped: --max-seconds spent")
+    elif args.verify_curve:
         t0 = time.perf_counter()
         curve = verify_cost_curve(target, CURVE_TS, context=64, repeats=7, warmup=2)
         say(format_curve(curve, f"target, {time.perf_counter() - t0:.1f}s"))
@@ -85,7 +88,8 @@ def cmd_bench(args) -> int:
         choice = auto.choose(target, draft, auto_prompts, tokenizer=tokenizer,
                              max_block=max(args.blocks), trees=args.trees,
                              width=args.width, allow_inexact=args.allow_inexact,
-                             eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s))
+                             eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s),
+                             deadline=deadline)
         say(f"auto ({time.perf_counter() - t0:.1f}s calibration): {describe_choice(choice)}: "
             f"{choice['reason']}")
         report_extra["auto"] = {k: v for k, v in choice.items()}
@@ -97,8 +101,7 @@ def cmd_bench(args) -> int:
         f"tokens, {args.repeats} interleaved repeats")
     report = bench(target, draft, prompts, configs, max_tokens=args.max_tokens,
                    repeats=args.repeats, eos=eos, allow_inexact=args.allow_inexact,
-                   max_seconds=args.max_seconds,
-                   decide=gate, log=say)
+                   deadline=deadline, decide=gate, log=say)
     report.update(report_extra)
     report["seconds"] = time.perf_counter() - t_start
     if args.plot:
@@ -118,40 +121,3 @@ def cmd_bench(args) -> int:
             print(f"wrote {p}")
         print(f"({report['seconds']:.0f} s)")
     return 0
-
-
-def add_parser(sub):
-    p = sub.add_parser("bench", help="throughput of classic, chain, tree, auto and mlx-lm, "
-                       "each figure gated by the exactness checks of the same run")
-    p.add_argument("--model", help="target mlx-lm checkpoint (default: the trained pair)")
-    p.add_argument("--draft-model", help="draft mlx-lm checkpoint (with --model)")
-    p.add_argument("--prompts", type=int, default=3, help=f"Python prompts, 1..{len(PROMPTS)}")
-    p.add_argument("--max-tokens", type=int, default=40)
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats (medians)")
-    p.add_argument("--max-seconds", type=float,
-                   help="start no repeat past this many seconds of timed runs (at least one "
-                   "runs; the table says how many its medians cover)")
-    p.add_argument("--blocks", type=parse_blocks, default=parse_blocks(DEFAULT_BLOCKS),
-                   help="chain blocks (and confidence budgets block-1): LO..HI or a list")
-    p.add_argument("--trees", type=parse_trees,
-                   default=[tuple(t) for t in FIXED_TREES],
-                   help="fixed topologies as branching lists or parent lists, e.g. "
-                   "--trees=\"2,1,1 -1,0,0,1,1\" ('' for none)")
-    p.add_argument("--width", type=int, default=4, help="confidence tree: top-k per expansion")
-    p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's speculative decoding")
-    p.add_argument("--no-auto", action="store_true", help="skip auto's calibration and row")
-    p.add_argument("--plot", metavar="DIR", help="write PNGs (needs matplotlib)")
-    p.add_argument("--verify-curve", action="store_true",
-                   help="measure one target forward's cost for T=1..64 and print it")
-    p.add_argument("--json", action="store_true", help="one JSON report on stdout")
-    p.add_argument("--allow-inexact", action="store_true",
-                   help="time configurations whose probe found differences (still text-diffed)")
-    p.add_argument("--scaled", type=parse_dims, metavar="HIDDENxLAYERS",
-                   help="instead of a checkpoint pair: a random bf16 llama of this size and a "
-                   "drafter cut from it (treespec.scaled), e.g. 2048x16 (~0.8B)")
-    p.add_argument("--draft-layers", type=int, default=2, help="--scaled: the drafter's depth")
-    p.add_argument("--alpha", type=float, default=0.3,
-                   help="--scaled: damping of the layers the drafter lacks (sets acceptance)")
-    p.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
-                   help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
-    p.set_defaults(func=cmd_bench)

@@ -47,6 +47,7 @@ def summarize(rows: dict, configs: Sequence, prompts, max_tokens, repeats) -> di
         row = rows[c.name]
         res = {k: row[k] for k in ("name", "kind", "block", "budget", "branching", "exact",
                                    "checks", "reason", "probe")}
+        res["skipped"] = row.get("skipped")
         res["text_diff"] = row.get("text_diff")
         if c.kind == "auto":
             res["choice"] = {k: v for k, v in (c.choice or {}).items() if k != "details"}
@@ -154,6 +155,9 @@ def format_table(report: dict) -> str:
              f"{'':>7} {'ms':>7}"]
     for r in report["rows"]:
         name = r["name"] if len(r["name"]) <= 26 else r["name"][:23] + "..."
+        if r.get("skipped"):
+            lines.append(f"{name:<26} SKIPPED    {r['skipped']}")
+            continue
         if not r["exact"]:
             lines.append(f"{name:<26} GATED      {r['reason']}")
             continue
@@ -186,6 +190,9 @@ def format_report(report: dict) -> str:
                    "p = the probe found logits differing from single-token steps, t = the text "
                    "differed from classic's (first: "
                    + next((r["text_diff"] for r in inexact if r.get("text_diff")), "none") + ").")
+    if report.get("warmed_up") is False:
+        out.append("warm-up cut short by --max-seconds: some configurations' first timed runs "
+                   "ran cold.")
     pf = report.get("prefill_ms") or []
     pf_txt = ", ".join(f"{p['target']:.0f}+{p['draft']:.0f}" for p in pf)
     out.append("tok/s: end to end (prefill included), median over repeats. decode tok/s: the same "

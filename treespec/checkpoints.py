@@ -87,15 +87,25 @@ def load_default_pair():
     return target, draft, tokenizer
 
 
+def vocab_difference(va: dict, vb: dict, show: int = 4) -> str:
+    """The first entries (by the lower id) whose id differs between two
+    token -> id maps, target's then draft's ('-' where a map lacks it)."""
+    diff = [t for t in set(va) | set(vb) if va.get(t) != vb.get(t)]
+    diff.sort(key=lambda t: (min(x for x in (va.get(t), vb.get(t)) if x is not None), t))
+    shown = "; ".join(f"{t!r}: target {va.get(t, '-')}, draft {vb.get(t, '-')}"
+                      for t in diff[:show])
+    more = f" and {len(diff) - show} more" if len(diff) > show else ""
+    return f"{len(diff)} of {len(set(va) | set(vb))} entries differ, first {shown}{more}"
+
+
 def check_same_tokenizer(tok_a, tok_b, model_a, model_b):
     """Speculative decoding needs one vocabulary: the same token -> id map,
     and logits of the same width (read off a forward: configs nest it)."""
     va, vb = tok_a.get_vocab(), tok_b.get_vocab()
     if va != vb:
-        only = sorted(set(va) ^ set(vb))[:5]
-        raise UsageError(f"the draft model's tokenizer differs from the target's "
-                         f"({len(va)} vs {len(vb)} entries; e.g. {only}); speculative "
-                         f"decoding needs one shared tokenizer")
+        raise UsageError(f"the draft model's tokenizer differs from the target's: "
+                         f"{vocab_difference(va, vb)}; speculative decoding needs one "
+                         "shared tokenizer")
     ea, eb = vocab_size(model_a), vocab_size(model_b)
     if ea != eb:
         raise UsageError(f"vocabulary sizes differ: target {ea} logits, draft {eb}")

@@ -1,148 +1,119 @@
-"""`treespec generate | bench | audit`."""
+"""`treespec generate | bench | audit`: the command line.
+
+Start-up is kept light: this module and what it imports (the flags of every
+command, their parsers and checks: treespec.generate_args, treespec.flags,
+treespec.options) need neither mlx-lm nor MLX's model code, so ``--help`` and
+every flag error come back before anything heavy loads. Each command's work
+lives in its own module, named in :data:`COMMANDS` and imported only once its
+flags have parsed and passed their checks: the one import this package makes
+at run time (suites/project/test_layering.py counts the table as imports of
+this module, so the layering rules hold through it).
+"""
 
 import argparse
-import json
+import importlib
 import sys
 
-import mlx.core as mx
+from . import generate_args
+from .bench_prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS
+from .errors import UsageError
+from .flags import parse_blocks, parse_dims, parse_trees
 
-from . import audit, bench_cli
-from .auto import choose, decode_kwargs
-from .blas import BlasUnavailable, describe, detect, ensure_blas
-from .checkpoints import check_same_tokenizer, default_pair, load_checkpoint
-from .cuda_env import prefer_mlx_attention
-from .decode import decode, detokenize
-from .errors import TreeRefused, UsageError
-
-
-def _ints(text: str):
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+# subcommand -> "module:function" run with the parsed arguments (exit status).
+COMMANDS = {
+    "generate": "treespec.generate_cli:cmd_generate",
+    "bench": "treespec.bench_cli:cmd_bench",
+    "audit": "treespec.audit.command:cmd_audit",
+}
 
 
-def cmd_generate(args) -> int:
-    model_path, draft_path = args.model, args.draft_model
-    if model_path is None:
-        if draft_path is not None:
-            raise UsageError("--draft-model given without --model")
-        model_path, draft_path = default_pair()
-    target, tokenizer = load_checkpoint(model_path, "model")
-    draft = None
-    if args.mode != "classic":
-        if draft_path is None:
-            raise UsageError(f"--mode {args.mode} needs --draft-model")
-        draft, draft_tok = load_checkpoint(draft_path, "draft-model")
-        check_same_tokenizer(tokenizer, draft_tok, target, draft)
-    prompt = tokenizer.encode(args.prompt)
-    shape = dict(mode=args.mode, block=args.block, branching=args.tree_branching,
-                 parents=args.tree_parents, budget=args.budget, width=args.width)
-    chosen = None
-    if args.mode == "auto":
-        if args.temp > 0:
-            raise UsageError("--mode auto calibrates greedy decoding; pick chain or tree with --temp")
-        chosen = choose(target, draft, tokenizer=tokenizer, allow_inexact=args.allow_inexact)
-        print(f"treespec: auto chose {decode_kwargs(chosen)}: {chosen['reason']}", file=sys.stderr)
-        shape = {**dict(block=args.block, branching=None, parents=None, budget=None,
-                        width=args.width), **decode_kwargs(chosen)}
-    try:
-        result = decode(target, prompt, draft_model=draft,
-                        max_tokens=args.max_tokens,
-                        eos_token_ids=list(tokenizer.eos_token_ids), **shape,
-                        allow_inexact=args.allow_inexact, temperature=args.temp,
-                        top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    except TreeRefused as e:
-        raise UsageError(f"the target refuses tree verification: {e}")
-    except ValueError as e:  # SamplingRefused and bad option combinations
-        raise UsageError(str(e))
-    # mlx-lm's own streaming detokenizer, so the text is what mlx_lm.generate prints.
-    text = detokenize(tokenizer, result.tokens)
-    summary = result.stats.summary()
-    summary["model"], summary["draft_model"] = str(model_path), draft_path and str(draft_path)
-    summary["device"] = str(mx.default_device())
-    if chosen is not None:
-        summary["auto"] = {"chose": decode_kwargs(chosen), "reason": chosen["reason"]}
-    summary["blas"] = describe(detect())
-    if args.json:
-        print(json.dumps({"text": text, "tokens": result.tokens, "diagnostics": summary}))
-    else:
-        print(text)
-        print("--")
-        print(format_diagnostics(summary))
-    return 0
+def add_bench_parser(sub):
+    p = sub.add_parser("bench", help="throughput of classic, chain, tree, auto and mlx-lm, "
+                       "each figure gated by the exactness checks of the same run")
+    p.add_argument("--model", help="target mlx-lm checkpoint (default: the trained pair)")
+    p.add_argument("--draft-model", help="draft mlx-lm checkpoint (with --model)")
+    p.add_argument("--prompts", type=int, default=3, help=f"Python prompts, 1..{len(PROMPTS)}")
+    p.add_argument("--max-tokens", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats (medians)")
+    p.add_argument("--max-seconds", type=float,
+                   help="bound the whole bench (calibration, probes, warm-up and timed runs): "
+                   "nothing new starts past it, and the report says what was left out")
+    p.add_argument("--blocks", type=parse_blocks, default=parse_blocks(DEFAULT_BLOCKS),
+                   help="chain blocks (and confidence budgets block-1): LO..HI or a list")
+    p.add_argument("--trees", type=parse_trees,
+                   default=[tuple(t) for t in FIXED_TREES],
+                   help="fixed topologies as branching lists or parent lists, e.g. "
+                   "--trees=\"2,1,1 -1,0,0,1,1\" ('' for none)")
+    p.add_argument("--width", type=int, default=4, help="confidence tree: top-k per expansion")
+    p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's speculative decoding")
+    p.add_argument("--no-auto", action="store_true", help="skip auto's calibration and row")
+    p.add_argument("--plot", metavar="DIR", help="write PNGs (needs matplotlib)")
+    p.add_argument("--verify-curve", action="store_true",
+                   help="measure one target forward's cost for T=1..64 and print it")
+    p.add_argument("--json", action="store_true", help="one JSON report on stdout")
+    p.add_argument("--allow-inexact", action="store_true",
+                   help="time configurations whose probe found differences (still text-diffed)")
+    p.add_argument("--scaled", type=parse_dims, metavar="HIDDENxLAYERS",
+                   help="instead of a checkpoint pair: a random bf16 llama of this size and a "
+                   "drafter cut from it (treespec.scaled), e.g. 2048x16 (~0.8B)")
+    p.add_argument("--draft-layers", type=int, default=2, help="--scaled: the drafter's depth")
+    p.add_argument("--alpha", type=float, default=0.3,
+                   help="--scaled: damping of the layers the drafter lacks (sets acceptance)")
+    p.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
+                   help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
 
 
-def _fmt(v):
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items())
-    return str(v)
-
-
-def format_diagnostics(summary: dict) -> str:
-    """One line per field; the inexact warning, when there is one, first."""
-    lines = []
-    gate = summary.get("gate") or {}
-    if gate and not gate.get("exact"):
-        lines.append(f"WARNING: {gate.get('reason')}")
-    for k, v in summary.items():
-        if k == "gate" and v:
-            v = f"{'exact' if v['exact'] else 'INEXACT'}; {v['reason']}"
-        lines.append(f"{k}: {_fmt(v)}")
-    return "\n".join(lines)
+def add_audit_parser(sub):
+    p = sub.add_parser(
+        "audit",
+        help="run the exactness contracts against a checkpoint and its tree adapter",
+        description="Audit tree speculative decoding on one mlx-lm checkpoint: adapter, "
+        "per-node verify, rollback in every cache mode, walks, end-to-end text and the "
+        "exactness probe. Exit status 1 if any property fails.",
+    )
+    p.add_argument("--model", required=True, help="mlx-lm checkpoint directory to audit")
+    p.add_argument("--draft-model", help="drafter checkpoint for the e2e text diff "
+                   "(default: the model drafts for itself)")
+    p.add_argument("--adapter", help="module:attr of a callable model -> adapter (the "
+                   "TreeAdapter interface; a walk(tree, target_tokens) method overrides the walk) "
+                   "used instead of treespec.verify.adapter_for")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--block", type=int, default=4, help="chain verify width for the e2e "
+                   "chain mode and the probe shapes (default 4)")
+    p.add_argument("--allow-inexact", action="store_true", help="accept differences up to "
+                   "--tolerance (reported as 'inexact') instead of requiring bit identity")
+    p.add_argument("--tolerance", type=float, default=0.05,
+                   help="max |diff| of logits accepted with --allow-inexact (default 0.05)")
+    p.add_argument("--draws", type=int, default=3, help="random trees per cache state (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="e2e length (default: 32, or the sliding window + 16)")
+    p.add_argument("--only", help="comma-separated subset of the audit's properties (an "
+                   "unknown name is an error that lists them)")
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="treespec", description=__doc__)
+    ap = argparse.ArgumentParser(prog="treespec", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="decode a prompt (classic, chain or tree)")
-    g.add_argument("--model", help="target mlx-lm checkpoint directory (default: the zoo pair)")
-    g.add_argument("--draft-model", help="draft mlx-lm checkpoint directory")
-    g.add_argument("--mode", choices=("classic", "chain", "tree", "auto"), default="chain",
-                   help="tree drafting is off unless asked for (default: chain); auto picks "
-                        "chain or tree and its size from measured verify cost and acceptance")
-    g.add_argument("--block", type=int, default=4, help="chain verify width (drafts + 1)")
-    g.add_argument("--tree-branching", type=_ints, default=None,
-                   help="fixed tree: children per node at each depth, e.g. 3,2,1")
-    g.add_argument("--tree-parents", type=_ints, default=None,
-                   help="fixed tree: explicit parent list, e.g. -1,0,0,1")
-    g.add_argument("--budget", type=int, default=None,
-                   help="confidence tree: draft nodes per round (default: block - 1)")
-    g.add_argument("--width", type=int, default=4, help="confidence tree: top-k per expansion")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--prompt", default="def fibonacci(n):\n    ")
-    g.add_argument("--json", action="store_true", help="one JSON object: text, tokens, diagnostics")
-    g.add_argument("--temp", type=float, default=0.0,
-                   help="temperature; > 0 samples with the distribution-exact tree rule")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0, help="sampling seed: a run is reproducible from it")
-    g.add_argument("--allow-inexact", action="store_true",
-                   help="run chain/tree even where the exactness probe found differences")
-    g.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
-                   help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
-    g.set_defaults(func=cmd_generate)
-    # Each other command lives in its own module and adds its own parser.
-    audit.add_parser(sub)
-    bench_cli.add_parser(sub)
+    generate_args.add_parser(sub)
+    add_bench_parser(sub)
+    add_audit_parser(sub)
     return ap
+
+
+def command(name: str):
+    """The function :data:`COMMANDS` names for ``name``, imported now."""
+    module, _, attr = COMMANDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if note := prefer_mlx_attention():  # before any forward: MLX reads it once
-        print(f"note: {note}", file=sys.stderr)
     try:
-        if getattr(args, "blas", "auto") != "auto":
-            try:
-                ensure_blas(args.blas)  # may re-execute this very command
-            except BlasUnavailable as e:
-                raise UsageError(str(e))
-        return args.func(args)
+        check = getattr(args, "check", None)
+        if check is not None:
+            check(args)  # every flag, before anything heavy is imported
+        return command(args.command)(args)
     except UsageError as e:
         print(f"treespec {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -36,6 +36,7 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from . import blas as _blas
 from . import zoo
+from .flags import parse_dims
 from .models import prefilled, vocab_size
 
 DEFAULT_TS = (1, 2, 4, 8, 16, 32, 64)
@@ -85,15 +86,6 @@ def build_llama(
     model.eval()
     mx.eval(model.parameters())
     return model
-
-
-def parse_dims(text: str) -> tuple[int, int]:
-    """'512x8' -> (hidden=512, layers=8)."""
-    try:
-        hidden, layers = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--dims wants HIDDENxLAYERS (e.g. 512x8), got {text!r}")
-    return hidden, layers
 
 
 def _parse_dtype(spec: str) -> tuple[str, int | None]:

@@ -7,70 +7,102 @@ greedy sampler; ``chain`` and ``tree`` run the speculative round loop
 for by name. ``temperature > 0`` samples, exactly in law (treespec.sampling).
 """
 
+import warnings
 from typing import Optional, Sequence
 
-from .checks import finite, integer
+from . import kv as kv_caches
 from .cuda_env import warn_if_cudnn_attention
 from .draft import Drafter, make_drafter
+from .errors import OptionError
+from .gate import ADAPTER
+from .models import PositionWarning, position_check
+from .options import DecodeOptions, KVOptions, check_prompt
 from .rounds import MODES, classic, greedy, speculative
 from .sampling import decode_sampled
 from .stats import Result
 
-__all__ = ["MODES", "decode", "detokenize"]
+__all__ = ["MODES", "check", "decode", "detokenize"]
+
+
+def check(options: DecodeOptions, target, draft_model, prompt_len: int, spell=None) -> None:
+    """Everything ``decode`` refuses before it runs: ``options.check()``, an
+    empty prompt, a prompt past the model's positions, KV cache options that
+    cannot act or cannot be exact (treespec.kv.refusal). Raises OptionError
+    spelled by ``spell`` (the command line passes its flags); warns
+    (PositionWarning) of a run that may go past the model's positions."""
+    kw = {} if spell is None else {"spell": spell}
+    options.check(**kw)
+    check_prompt(prompt_len, **kw)
+    error, warning = position_check(target, prompt_len, options.max_tokens)
+    if error is not None:
+        raise OptionError(error)
+    if warning is not None:
+        warnings.warn(warning, PositionWarning, stacklevel=3)
+    models = [target] + ([draft_model] if options.mode != "classic" else [])
+    why = kv_caches.refusal(options.kv, models, prompt_len, options.max_tokens,
+                            options.draft_nodes(), **kw)
+    if why is not None:
+        raise OptionError(why)
 
 
 def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=None,
-           max_tokens: int = 64, eos_token_ids=None, block: int = 4,
+           max_tokens: int = 64, eos_token_ids=None, block: Optional[int] = None,
            branching=None, parents=None, budget: Optional[int] = None,
-           width: int = 4, drafter: Optional[Drafter] = None, gate: bool = True,
+           width: Optional[int] = None, drafter: Optional[Drafter] = None, gate: bool = True,
            allow_inexact: bool = False, temperature: float = 0.0, top_k: int = 0,
-           top_p: float = 0.0, min_p: float = 0.0, seed: int = 0, adapter=None,
-           adapter_name: str = "treespec.verify.adapter_for", draft_adapter=None,
-           walk=None, on_round=None) -> Result:
+           top_p: float = 0.0, min_p: float = 0.0, seed: Optional[int] = None, adapter=None,
+           adapter_name: str = ADAPTER, draft_adapter=None,
+           walk=None, on_round=None, max_kv_size: Optional[int] = None,
+           kv_bits: Optional[int] = None, kv_group_size: Optional[int] = None,
+           quantized_kv_start: Optional[int] = None) -> Result:
     """One entry point for every mode. ``tree`` is never chosen implicitly.
     ``temperature > 0`` samples, exactly in law (treespec.sampling).
+
+    Options left at None are not given: an option that cannot act in the
+    chosen mode is refused (treespec.options.DecodeOptions says which act
+    where; defaults: ``block`` 4, i.e. 3 draft tokens as mlx-lm's, ``width``
+    4, ``budget`` block - 1, ``seed`` 0). ``max_kv_size``, ``kv_bits``,
+    ``kv_group_size``, ``quantized_kv_start``: mlx-lm generate_step's KV
+    cache options, for both models (treespec.kv).
 
     ``adapter`` / ``draft_adapter``: the tree adapters of the target and the
     draft model (default ``treespec.verify.adapter_for``; the gate measures
     the target's, named ``adapter_name``); ``walk(tree, target_tokens)``: the
     greedy accept walk (default ``treespec.walk.tree_walk``); ``on_round``:
     called with every round and its walk (treespec.rounds.speculative)."""
-    # A NaN or negative temperature is not greedy decoding: refused, as a
-    # fractional max_tokens is.
-    temperature = finite(temperature, "temperature", minimum=0.0)
-    max_tokens = integer(max_tokens, "max_tokens")
+    options = DecodeOptions(
+        mode=mode, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        min_p=min_p, seed=seed, block=block, branching=branching, parents=parents,
+        budget=budget, width=width, draft_model=draft_model is not None,
+        drafter=drafter is not None, allow_inexact=allow_inexact,
+        kv=KVOptions(max_kv_size, kv_bits, kv_group_size, quantized_kv_start))
+    check(options, target, draft_model, len(prompt))
+    kv = options.kv
     if mode != "classic":
         warn_if_cudnn_attention()
     loop = dict(adapter=adapter, adapter_name=adapter_name, draft_adapter=draft_adapter,
                 on_round=on_round)
-    if temperature > 0:
-        if budget is not None:
-            raise ValueError("the confidence-driven tree (budget=) drafts greedily; at "
-                             "temperature > 0 give a fixed shape (branching= or parents=)")
+    if options.sampled:
         if walk is not None:
-            raise ValueError("walk= is the greedy accept walk; at temperature > 0 the "
-                             "sampled rule decides (treespec.sampling)")
+            raise OptionError("walk= is the greedy accept walk; at temperature > 0 the "
+                              "sampled rule decides (treespec.sampling)")
         return decode_sampled(target, prompt, draft_model, temperature=temperature,
-                              top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, mode=mode,
-                              block=block, branching=branching, parents=parents,
-                              max_tokens=max_tokens, eos_token_ids=eos_token_ids,
-                              drafter=drafter, gate=gate, allow_inexact=allow_inexact, **loop)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+                              top_k=top_k, top_p=top_p, min_p=min_p,
+                              seed=0 if seed is None else seed, mode=mode,
+                              block=options.resolved_block, branching=branching,
+                              parents=parents, max_tokens=max_tokens,
+                              eos_token_ids=eos_token_ids, drafter=drafter, gate=gate,
+                              allow_inexact=allow_inexact, kv=kv, **loop)
     if mode == "classic":
-        return classic(target, prompt, max_tokens, eos_token_ids)
-    if draft_model is None:
-        raise ValueError(f"mode {mode!r} needs a draft model")
+        return classic(target, prompt, max_tokens, eos_token_ids, kv=kv)
     if drafter is None:
-        drafter = make_drafter(mode, block=block, branching=branching, parents=parents,
-                               budget=budget, width=width)
+        drafter = make_drafter(mode, block=options.resolved_block, branching=branching,
+                               parents=parents, budget=budget, width=options.resolved_width)
     elif mode == "chain" and drafter.kind != "chain":
-        raise ValueError(f"mode 'chain' got a {drafter.kind!r} drafter; ask for mode 'tree'")
+        raise OptionError(f"mode 'chain' got a {drafter.kind!r} drafter; ask for mode 'tree'")
     return speculative(target, draft_model, prompt, max_tokens, drafter, eos_token_ids, mode,
                        gate=gate, allow_inexact=allow_inexact,
-                       walker=greedy(walk) if walk is not None else None, **loop)
+                       walker=greedy(walk) if walk is not None else None, kv=kv, **loop)
 
 
 def detokenize(tokenizer, tokens: Sequence[int]) -> str:

@@ -45,6 +45,12 @@ class SamplingRefused(ValueError):
     """A sampling option sampled tree verification cannot honour exactly."""
 
 
+class OptionError(ValueError):
+    """An option that cannot act as given: out of range, or meaningless in the
+    chosen mode (treespec.options). The message spells the option as its
+    caller did: the keyword argument, or the command-line flag."""
+
+
 class UsageError(Exception):
     """A user-facing error of the command line (a flag, a path, a pair of
     checkpoints): printed without a traceback, exit status 2."""

@@ -10,12 +10,13 @@ instead of assuming.
 
 ``probe`` verifies each shape from one prefilled cache state and compares
 every node's logits byte for byte with single-token steps over its root path,
-over several independent draws. Results are memoized under a key of what can
-change them. ``decide`` turns a probe into run / decline.
+over several independent draws, in the cache mode the run uses (``cache``:
+treespec.kv.ProbeCache; default mlx-lm's plain cache). Results are memoized
+under a key of what can change them, in this process and on disk
+(treespec.gate_memo). ``decide`` turns a probe into run / decline.
 
 Cost: per shape and draw, one prefill, one verify and one single-token step
-per node (each node stepped once, from a copy of its parent's cache state;
-it was a prefill and the whole root path per leaf).
+per node (each node stepped once, from a copy of its parent's cache state).
 Trees over ``MAX_PROBE_NODES`` nodes are refused before anything runs; the
 round loop probes only the trees its max_tokens lets it verify.
 """
@@ -25,17 +26,20 @@ import hashlib
 import json
 import math
 import random
+import time
 import weakref
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from . import gate_memo
 from .blas import detect
 from .models import model_type, prefilled, vocab_size
+from .options import MAX_DRAFT_NODES
 from .tree import DraftTree
 from .verify import adapter_for
 
@@ -43,12 +47,15 @@ DRAWS = 3  # one draw is a coin toss when only a few bytes move
 CONTEXT = 24
 # The largest tree the probe measures: its cost grows with the nodes and
 # with the shapes a drafter lists (every prefix of a fixed tree).
-MAX_PROBE_NODES = 64
+MAX_PROBE_NODES = MAX_DRAFT_NODES + 1  # the root and the most draft nodes decode accepts
 
 
 def _worst(a: float, b: float) -> float:
     """The larger difference, NaN if either is (max() would drop a NaN)."""
     return a if math.isnan(a) else b if math.isnan(b) else max(a, b)
+
+
+ADAPTER = "treespec.verify.adapter_for"  # the default adapter's name in the key
 
 
 @dataclass
@@ -70,6 +77,9 @@ class Probe:
     key: str
     config: dict
     shapes: List[ShapeResult] = field(default_factory=list)
+    seconds: float = 0.0  # what measuring it cost (0 when read back from disk)
+    memo: Optional[str] = None  # the file it was stored to or read from
+    source: str = "measured"  # or "disk memo"
 
     @property
     def identical(self) -> bool:
@@ -207,11 +217,13 @@ def _chain_logits(model, cache, tree) -> Dict[int, mx.array]:
 
 
 def compare_shape(model, parents: Sequence[int], draws: int = DRAWS, seed: int = 0,
-                  context: int = CONTEXT, adapter=None) -> ShapeResult:
+                  context: int = CONTEXT, adapter=None, cache=None) -> ShapeResult:
     """Verify ``draws`` random trees of this shape from random prefilled
     contexts and compare every node byte for byte with single-token steps.
-    ``adapter``: the tree adapter measured (default ``adapter_for(model)``)."""
-    return compare_shapes(model, [parents], draws, seed, context, adapter)[0]
+    ``adapter``: the tree adapter measured (default ``adapter_for(model)``);
+    ``cache``: the cache mode (its ``prefilled(model, tokens)``; default
+    mlx-lm's plain cache)."""
+    return compare_shapes(model, [parents], draws, seed, context, adapter, cache)[0]
 
 
 class _Tally:
@@ -237,7 +249,7 @@ class _Tally:
 
 
 def compare_shapes(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int = 0,
-                   context: int = CONTEXT, adapter=None) -> List[ShapeResult]:
+                   context: int = CONTEXT, adapter=None, cache=None) -> List[ShapeResult]:
     """:func:`compare_shape` for every shape, one result per listed shape
     (each distinct shape measured once, on its own draws). Raises ValueError,
     before any forward, for a shape over ``MAX_PROBE_NODES`` nodes."""
@@ -249,6 +261,7 @@ def compare_shapes(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, s
             f"{MAX_PROBE_NODES} nodes (its cost grows with them). Use a smaller tree, a "
             "smaller max_tokens (trees are cut to it), or gate=False (speculation unmeasured)")
     adapter = adapter if adapter is not None else adapter_for(model)
+    fresh = cache.prefilled if cache is not None else prefilled
     v = vocab_size(model)
     measured = {}
     for parents in dict.fromkeys(shapes):
@@ -257,9 +270,9 @@ def compare_shapes(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, s
             rng = random.Random(hash((seed, d, len(parents))) & 0xFFFFFFFF)
             ctx = [rng.randrange(v) for _ in range(context)]
             tree = DraftTree([rng.randrange(v) for _ in parents], parents)
-            cache = prefilled(model, ctx)
-            ref = _chain_logits(model, copy.deepcopy(cache), tree)
-            tally.add(adapter.verify(tree, cache), ref, len(tree))
+            state = fresh(model, ctx)
+            ref = _chain_logits(model, copy.deepcopy(state), tree)
+            tally.add(adapter.verify(tree, state), ref, len(tree))
         measured[parents] = tally.result(parents, draws)
     return [measured[s] for s in shapes]
 
@@ -278,16 +291,37 @@ _MEMO: Dict[str, Probe] = {}
 
 
 def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int = 0,
-          adapter=None, adapter_name: str = "treespec.verify.adapter_for") -> Probe:
-    """Measure every shape; memoized per (configuration, shapes, draws, the
-    adapter's name). ``adapter``: the tree adapter measured (default
-    ``adapter_for(model)``), named by ``adapter_name`` in the key."""
+          adapter=None, adapter_name: str = ADAPTER, cache=None,
+          note: Optional[Callable[[str], None]] = None) -> Probe:
+    """Measure every shape; memoized per (configuration, cache mode, shapes,
+    draws, the adapter's name). ``adapter``: the tree adapter measured
+    (default ``adapter_for(model)``), named by ``adapter_name`` in the key;
+    ``cache``: the cache mode (treespec.kv.ProbeCache; None: mlx-lm's plain
+    cache). Probes of the default adapter are also kept on disk
+    (treespec.gate_memo); ``note`` receives why a stored file was ignored."""
     shapes = [tuple(s) for s in shapes]
-    config = configuration(model)
-    key = _key({**config, "draws": draws, "seed": seed, "adapter": adapter_name}, shapes)
+    mode = cache.describe() if cache is not None else None
+    config = {**configuration(model), **(mode or {})}
+    keyed = {**config, "draws": draws, "seed": seed, "adapter": adapter_name}
+    key = _key(keyed, shapes)
     if key not in _MEMO:
-        result = Probe(key, config)
-        result.shapes.extend(compare_shapes(model, shapes, draws, seed, adapter=adapter))
+        persist = adapter_name == ADAPTER  # treespec's own adapter: code source_digest covers
+        expect = gate_memo.stamp(key, keyed, shapes) if persist else None
+        kw = {} if note is None else {"note": note}
+        stored = gate_memo.load(expect, **kw) if persist else None
+        if stored is not None:
+            results, path = stored
+            result = Probe(key, config, [ShapeResult(**{**r, "shape": tuple(r["shape"])})
+                                         for r in results], memo=str(path), source="disk memo")
+        else:
+            t0 = time.perf_counter()
+            result = Probe(key, config)
+            result.shapes.extend(compare_shapes(model, shapes, draws, seed, adapter=adapter,
+                                                cache=cache))
+            result.seconds = time.perf_counter() - t0
+            if persist:
+                path = gate_memo.save(expect, [asdict(r) for r in result.shapes], **kw)
+                result.memo = str(path) if path is not None else None
         _MEMO[key] = result
     return _MEMO[key]
 
@@ -300,15 +334,20 @@ class Decision:
     probe: Optional[Probe] = None
 
     def summary(self) -> dict:
+        p = self.probe
         return {"run": self.run, "exact": self.exact, "reason": self.reason,
-                "probe_key": self.probe.key if self.probe else None,
-                "max_abs_diff": self.probe.max_abs_diff if self.probe else None,
-                "argmax_flips": self.probe.argmax_flips if self.probe else None}
+                "probe_key": p.key if p else None,
+                "max_abs_diff": p.max_abs_diff if p else None,
+                "argmax_flips": p.argmax_flips if p else None,
+                "probe_seconds": p.seconds if p else None,
+                "probe_source": p.source if p else None,
+                "probe_memo": p.memo if p else None}
 
 
 def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapter=None,
-           adapter_name: str = "treespec.verify.adapter_for") -> Decision:
-    p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name)
+           adapter_name: str = ADAPTER, cache=None) -> Decision:
+    """Run / decline from ``probe`` (``cache``: the cache mode, as there)."""
+    p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name, cache=cache)
     if p.identical:
         return Decision(True, True, f"probe passed: {len(p.shapes)} shapes bit-identical "
                         f"to single-token steps ({p.config['blas']}, {p.config['device']})", p)

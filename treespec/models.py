@@ -6,7 +6,7 @@ caller (round loop, drafter, gate, cost curve) uses so that their caches
 match the ones mlx-lm's ``generate_step`` builds.
 """
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -35,11 +35,44 @@ def n_params(model: nn.Module) -> int:
     return sum(v.size for _, v in tree_flatten(model.parameters()))
 
 
-def prefill(model: nn.Module, cache, tokens: Sequence[int], step: int = PREFILL_STEP):
-    """Plain forwards over committed tokens, chunked as mlx-lm prefills."""
+class PositionWarning(UserWarning):
+    """A run that may go past the model's max_position_embeddings."""
+
+
+def max_positions(model: nn.Module) -> Optional[int]:
+    """``max_position_embeddings`` of the model's config, where it has one:
+    the positions it was trained for."""
+    n = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def position_check(model: nn.Module, prompt_len: int, max_tokens: int):
+    """(error, warning) about positions past the model's
+    ``max_position_embeddings``: a prompt past it is an error (its text would
+    be garbage from the first token), a run that may go past it a warning."""
+    n = max_positions(model)
+    if n is None:
+        return None, None
+    if prompt_len > n:
+        return (f"the prompt is {prompt_len} tokens, past the model's "
+                f"max_position_embeddings {n}"), None
+    if prompt_len + max_tokens > n:
+        return None, (f"prompt {prompt_len} + max tokens {max_tokens} may run past the "
+                      f"model's max_position_embeddings {n}: text past position {n} is "
+                      "untrained territory")
+    return None, None
+
+
+def prefill(model: nn.Module, cache, tokens: Sequence[int], step: int = PREFILL_STEP,
+            after: Optional[Callable[[list], None]] = None):
+    """Plain forwards over committed tokens, chunked as mlx-lm prefills;
+    ``after(cache)`` runs after each chunk, where mlx-lm quantizes
+    (treespec.kv.quantizer)."""
     tokens = list(tokens)
     for i in range(0, len(tokens), step):
         model(mx.array(tokens[i : i + step])[None], cache=cache)
+        if after is not None:
+            after(cache)
         mx.eval([c.state for c in cache])
 
 

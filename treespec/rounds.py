@@ -17,13 +17,13 @@ from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import make_prompt_cache
 
-from . import caches
+from . import caches, kv as kv_caches
 from .checks import token_ids
 from .draft import Drafter, Round
 from .gate import decide
 from .models import PREFILL_STEP, prefill, vocab_size
+from .options import KVOptions
 from .stats import Result, Stats, clip, eos_set
 from .verify import adapter_for
 from .walk import Walk, tree_walk
@@ -54,15 +54,23 @@ def same_vocabulary(target, draft_model) -> None:
 
 
 def classic(target, prompt: Sequence[int], max_tokens: int, eos_token_ids=None,
-            sampler=None, requested: Optional[dict] = None) -> Result:
-    """mlx-lm's ``generate_step``: greedy, or with the given ``sampler``."""
+            sampler=None, requested: Optional[dict] = None,
+            kv: KVOptions = kv_caches.DEFAULT) -> Result:
+    """mlx-lm's ``generate_step``: greedy, or with the given ``sampler``;
+    ``kv``: its KV cache options, passed as they are."""
     prompt = prompt_ids(target, prompt)
     stats = Stats("classic", requested=requested or {})
     eos, out = eos_set(eos_token_ids), []
     t0 = time.perf_counter()
     sampler = sampler or (lambda lp: mx.argmax(lp, axis=-1))
+    kw = {}
+    if kv.max_kv_size is not None:
+        kw["max_kv_size"] = kv.max_kv_size
+    if kv.kv_bits is not None:
+        kw.update(kv_bits=kv.kv_bits, kv_group_size=kv.group_size,
+                  quantized_kv_start=kv.start)
     for tok, _ in generate_step(mx.array(prompt), target, max_tokens=max_tokens,
-                                sampler=sampler):
+                                sampler=sampler, **kw):
         out.append(int(tok))
         if out[-1] in eos:
             break
@@ -80,6 +88,23 @@ def _warn_once(decision):
     if key not in _WARNED:
         _WARNED.add(key)
         print(f"treespec: exactness gate: {decision.reason}", file=sys.stderr)
+
+
+def gate_decision(target, shapes, kv: KVOptions, prompt_len: int, max_tokens: int,
+                  allow_inexact: bool, adapter, adapter_name: str):
+    """The gate over every cache mode this run verifies in (treespec.kv): the
+    first mode that declines decides, else the first inexact one, else the
+    first. Returns (decision, its summary with every mode's probe time)."""
+    decisions = [decide(target, shapes, allow_inexact=allow_inexact, adapter=adapter,
+                        adapter_name=adapter_name, cache=c)
+                 for c in kv_caches.probe_caches(kv, prompt_len, max_tokens)]
+    decision = next((d for d in decisions if not d.run),
+                    next((d for d in decisions if not d.exact), decisions[0]))
+    summary = decision.summary()
+    summary["probe_seconds"] = sum(d.probe.seconds for d in decisions)
+    if len(decisions) > 1:
+        summary["cache_modes_probed"] = len(decisions)
+    return decision, summary
 
 
 def greedy_readout(logits):
@@ -104,7 +129,8 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
                 draft_adapter=None, walker: Optional[Callable] = None,
                 readout: Callable = greedy_readout, fallback: Optional[Callable] = None,
                 requested: Optional[dict] = None,
-                on_round: Optional[Callable[[Round, Walk], None]] = None) -> Result:
+                on_round: Optional[Callable[[Round, Walk], None]] = None,
+                kv: KVOptions = kv_caches.DEFAULT) -> Result:
     """The round loop. The target's cache, like the drafter's, holds the
     committed text except the root between rounds.
 
@@ -114,7 +140,9 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     ``walker(round, readout(logits)) -> Walk`` decides what the target
     accepts (default: the greedy ``tree_walk``); ``fallback()`` is the
     classic decode the gate declines to; ``on_round(round, walk)`` sees every
-    round after its commit."""
+    round after its commit; ``kv``: mlx-lm's KV cache options, for both
+    models' caches (treespec.kv: rounds are cut to end where classic
+    decoding starts to quantize)."""
     prompt = prompt_ids(target, prompt)
     same_vocabulary(target, draft_model)
     adapter = adapter if adapter is not None else adapter_for(target)
@@ -126,15 +154,15 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     if gate:
         # A round never verifies more than max_tokens nodes (its drafts are
         # cut to what is left to emit), so larger shapes are not probed.
-        shapes = [s for s in drafter.probe_shapes() if len(s) <= max_tokens]
-        decision = decide(target, shapes, allow_inexact=allow_inexact,
-                          adapter=adapter, adapter_name=adapter_name)
-        stats.gate = decision.summary()
+        decision, stats.gate = gate_decision(target, drafter.probe_shapes(max_tokens - 1), kv,
+                                             len(prompt), max_tokens, allow_inexact, adapter,
+                                             adapter_name)
         if not decision.exact:
             _warn_once(decision)
             stats.notes.append(decision.reason)
         if not decision.run:
-            result = (fallback or (lambda: classic(target, prompt, max_tokens, eos_token_ids)))()
+            result = (fallback or (lambda: classic(target, prompt, max_tokens, eos_token_ids,
+                                                   kv=kv)))()
             result.stats.requested, result.stats.gate = stats.requested, stats.gate
             result.stats.notes = stats.notes
             result.stats.mode = f"classic (declined {mode})"
@@ -142,16 +170,20 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     eos, out = eos_set(eos_token_ids), []
     clock = time.perf_counter
     t0 = clock()
-    cache = make_prompt_cache(target)
-    prefill(target, cache, prompt[:-1])
-    drafter.start(draft_model, prompt[:-1], PREFILL_STEP, adapter=draft_adapter)
+    cache = kv_caches.make_cache(target, kv)
+    quantize = kv_caches.quantizer(kv)
+    prefill(target, cache, prompt[:-1], PREFILL_STEP, after=quantize)
+    drafter.start(draft_model, prompt[:-1], PREFILL_STEP, adapter=draft_adapter, kv=kv)
     stats.time_ms["prefill"] = (clock() - t0) * 1e3
     root = prompt[-1]
     while len(out) < max_tokens:
         t0 = clock()
-        # Never draft past max_tokens: a round emits at most drafts + 1.
-        rnd = drafter.draft(root, limit=max_tokens - len(out) - 1)
         offset = caches.offset(cache)
+        # Never draft past max_tokens (a round emits at most drafts + 1), nor
+        # across the position where classic decoding starts to quantize.
+        limit = max_tokens - len(out) - 1
+        room = kv_caches.room(kv, offset)
+        rnd = drafter.draft(root, limit=limit if room is None else min(limit, room))
         # Built on the lazy drafts of a device round (draft.DeviceRound):
         # drafting and verifying are one graph and one evaluation, as in
         # mlx-lm's round. So for such rounds 'draft' is building the graphs
@@ -164,6 +196,7 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
         t3 = clock()
         # Both commits evaluate what they write (commit_path ends in mx.eval).
         adapter.commit(cache, rnd.tree, walk.path, offset)
+        quantize(cache)  # where generate_step quantizes: after the forward, once >= start
         drafter.commit(rnd, walk.path)
         t4 = clock()
         for k, dt in zip(("draft", "verify", "walk", "commit"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):

@@ -42,6 +42,8 @@ import numpy as np
 from .checks import integer
 from .draft import DraftRound, FixedTreeDrafter
 from .errors import SamplingRefused
+from .kv import DEFAULT as DEFAULT_KV
+from .options import KVOptions
 from .rounds import MODES, classic, speculative
 from .sampling_rule import (
     SamplingParams,
@@ -202,7 +204,7 @@ def streams(seed: int):
 
 
 def classic_sampled(target, prompt: Sequence[int], max_tokens: int, params: SamplingParams,
-                    seed: int = 0, eos_token_ids=None) -> Result:
+                    seed: int = 0, eos_token_ids=None, kv: KVOptions = DEFAULT_KV) -> Result:
     """Plain sampling: mlx-lm's ``generate_step`` with a sampler that draws
     from ``params.probs`` with the run's verify stream (the law of
     make_sampler's draws, seeded like the speculative loop)."""
@@ -213,13 +215,14 @@ def classic_sampled(target, prompt: Sequence[int], max_tokens: int, params: Samp
         return mx.array(sample_rows(p, rng.random(1)))
 
     return classic(target, prompt, max_tokens, eos_token_ids, sampler=sampler,
-                   requested={"sampling": params.describe(), "seed": seed})
+                   requested={"sampling": params.describe(), "seed": seed}, kv=kv)
 
 
 def speculative_sampled(target, draft_model, prompt: Sequence[int], max_tokens: int,
                         drafter: SampledTreeDrafter, params: SamplingParams, seed: int = 0,
                         eos_token_ids=None, mode: str = "tree", gate: bool = True,
-                        allow_inexact: bool = False, **loop) -> Result:
+                        allow_inexact: bool = False, kv: KVOptions = DEFAULT_KV,
+                        **loop) -> Result:
     """rounds.speculative's round loop with the sampled walk (``loop``: its
     adapter=, draft_adapter=, adapter_name=, on_round=):
 
@@ -235,8 +238,9 @@ def speculative_sampled(target, draft_model, prompt: Sequence[int], max_tokens: 
     return speculative(
         target, draft_model, prompt, max_tokens, drafter, eos_token_ids, mode,
         gate=gate, allow_inexact=allow_inexact, walker=walker, readout=lambda logits: logits,
-        fallback=lambda: classic_sampled(target, prompt, max_tokens, params, seed, eos_token_ids),
-        requested={**drafter.describe(), "seed": seed}, **loop)
+        fallback=lambda: classic_sampled(target, prompt, max_tokens, params, seed, eos_token_ids,
+                                         kv),
+        requested={**drafter.describe(), "seed": seed}, kv=kv, **loop)
 
 
 def decode_sampled(target, prompt: Sequence[int], draft_model=None, *, temperature: float,
@@ -245,7 +249,7 @@ def decode_sampled(target, prompt: Sequence[int], draft_model=None, *, temperatu
                    block: int = 4, branching=None, parents=None, max_tokens: int = 64,
                    eos_token_ids=None, drafter: Optional[SampledTreeDrafter] = None,
                    logits_processors=None, gate: bool = True,
-                   allow_inexact: bool = False, **loop) -> Result:
+                   allow_inexact: bool = False, kv: KVOptions = DEFAULT_KV, **loop) -> Result:
     """Sampled decoding, one entry point: ``classic`` (plain sampling),
     ``chain`` (a chain of ``block - 1`` sampled drafts) or ``tree`` (a
     fixed topology, ``branching`` per level or explicit ``parents``,
@@ -259,7 +263,7 @@ def decode_sampled(target, prompt: Sequence[int], draft_model=None, *, temperatu
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if mode == "classic":
-        return classic_sampled(target, prompt, max_tokens, params, seed, eos_token_ids)
+        return classic_sampled(target, prompt, max_tokens, params, seed, eos_token_ids, kv)
     if draft_model is None:
         raise ValueError(f"mode {mode!r} needs a draft model")
     if drafter is None:
@@ -273,4 +277,4 @@ def decode_sampled(target, prompt: Sequence[int], draft_model=None, *, temperatu
         raise ValueError(f"mode 'chain' got a {drafter.kind!r} drafter; ask for mode 'tree'")
     return speculative_sampled(target, draft_model, prompt, max_tokens, drafter, params, seed,
                                eos_token_ids, mode, gate=gate, allow_inexact=allow_inexact,
-                               **loop)
+                               kv=kv, **loop)

@@ -58,6 +58,7 @@ import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from .errors import SamplingRefused
+from .options import check_sampling
 from .tree import DraftTree
 from .walk import Walk
 
@@ -86,13 +87,7 @@ class SamplingParams:
             raise SamplingRefused(
                 f"temperature must be > 0 for sampled decoding, got {t!r}; temperature 0 "
                 "is greedy decoding: use treespec.decode.decode")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) \
-                or self.top_k < 0:
-            raise SamplingRefused(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not 0.0 <= self.top_p <= 1.0:
-            raise SamplingRefused(f"top_p must be in [0, 1] (0 and 1 = off), got {self.top_p!r}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise SamplingRefused(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+        check_sampling(self.top_k, self.top_p, self.min_p, error=SamplingRefused)
 
     def logprobs(self, logits: mx.array) -> mx.array:
         """Normalised, filtered, tempered log-probs, rows over the last

@@ -140,7 +140,7 @@ def test_the_cli_as_a_subprocess_prints_the_table_and_exits_1():
     proc = subprocess.run(
         [sys.executable, "-m", "treespec", "audit", "--model", str(zoo.checkpoint("llama")),
          "--adapter", "suites.audit.helpers_defects:tail_trim"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout
     assert "BLAS" in out and "device" in out
@@ -158,7 +158,7 @@ def test_pytest_options_audit_a_user_checkpoint():
            "-p", "no:cacheprovider", "-p", "no:xdist", "-m", "exactness",
            "--target-model", str(zoo.checkpoint("llama")),
            "--adapter", "suites.audit.helpers_defects:last_sibling"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert f"1 failed, {len(audit.PROPERTIES) - 1} passed" in proc.stdout, proc.stdout[-3000:]
     assert "FAILED suites/audit/test_user_model.py::test_user_model[walk-siblings]" in proc.stdout

@@ -264,8 +264,9 @@ def test_decode_kwargs_of_each_kind():
     spine = Candidate("fixed", branching=(-1, 0, 0, 1, 1))
     assert spine.name == "fixed p[-1,0,0,1,1]"
     assert spine.decode_kwargs() == {"mode": "tree", "parents": [-1, 0, 0, 1, 1]}
+    # A fixed shape's size is its shape: decode refuses a budget beside it.
     assert decode_kwargs({"mode": "tree", "budget": 4, "branching": [-1, 0, 0, 1, 1]}) == {
-        "mode": "tree", "budget": 4, "parents": [-1, 0, 0, 1, 1]}
+        "mode": "tree", "parents": [-1, 0, 0, 1, 1]}
     assert Candidate("classic").decode_kwargs() == {"mode": "classic"}
     choice = {"mode": "tree", "block": None, "budget": 4, "branching": None, "width": 4,
               "reason": "..."}

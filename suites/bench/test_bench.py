@@ -17,7 +17,7 @@ from treespec import bench as B
 from treespec import bench_cli
 from treespec import bench_report as R
 from treespec.checkpoints import default_pair, load_default_pair
-from treespec.cli import build_parser
+from treespec.cli import build_parser, command
 from treespec.gate import Decision
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_trees_parse_parent_lists_told_apart_by_the_roots_minus_one():
 
 def test_the_bench_command_and_its_defaults():
     args = build_parser().parse_args(["bench"])
-    assert args.func is bench_cli.cmd_bench
+    assert command(args.command) is bench_cli.cmd_bench
     assert args.blocks == [2, 3, 4, 5, 6, 7, 8]
     assert args.trees == [(2, 1, 1), (2, 2, 1), (3, 1, 1, 1)]
     assert (args.prompts, args.repeats, args.model, args.plot) == (3, 5, None, None)
@@ -86,8 +86,9 @@ def test_configurations_cover_every_mode_at_matching_budgets():
 def test_auto_rows_decode_as_their_choice():
     chain = B.auto_config({"mode": "chain", "block": 3, "budget": 2, "branching": None,
                            "width": None, "reason": "r"})
+    # a chain's size is its block: decode refuses a budget beside it
     assert chain.name == "auto (chain b=3)" and chain.decode_kwargs() == {
-        "mode": "chain", "block": 3, "budget": 2}
+        "mode": "chain", "block": 3}
     tree = B.auto_config({"mode": "tree", "block": None, "budget": 5, "branching": None,
                           "width": 4, "reason": "r"})
     assert tree.name == "auto (conf n=5)" and tree.effective_kind() == "confidence"
@@ -222,12 +223,66 @@ def test_an_auto_row_far_under_its_calibrated_prediction_is_flagged():
     assert R.calibration_check(auto_report(0.71 * 100, 100.0)) == ""
 
 
+class WorkClock:
+    """A clock that only moves when the bench does work: every probe and
+    every run costs one second. Records when each run started."""
+
+    def __init__(self):
+        self.now, self.starts = 0.0, []
+
+    def __call__(self):
+        return self.now
+
+    def runner(self, inner, name):
+        def run(*args):
+            self.starts.append((name, self.now))
+            self.now += 1.0
+            return inner(*args)
+        return run
+
+    def decide(self, model, shapes, allow_inexact=False):
+        self.now += 1.0
+        return staged_decide(model, shapes, allow_inexact)
+
+
+def clocked(max_seconds, repeats=3):
+    clock = WorkClock()
+    configs = staged_configs()
+    for c in configs:
+        c.runner = clock.runner(c.runner, c.name)
+    report = B.bench(None, None, [[0], [1]], configs, max_tokens=4, repeats=repeats,
+                     decide=clock.decide, max_seconds=max_seconds, clock=clock)
+    return report, clock, {r["name"]: r for r in report["rows"]}
+
+
+@pytest.mark.parametrize("max_seconds", [0.5, 2.5, 9.5, 15.5, 1000])
+def test_max_seconds_bounds_the_whole_bench_probes_and_warm_up_included(max_seconds):
+    report, clock, rows = clocked(max_seconds)
+    # Nothing starts past the limit but classic's first repeat (the reference).
+    late = [(name, t) for name, t in clock.starts if t > max_seconds]
+    assert all(name == "classic" for name, _ in late) and len(late) <= 2
+    assert rows["classic"]["tok_s"] > 0
+    for name in ("chain b=3", "conf n=2"):
+        row = rows[name]
+        assert row["skipped"] or row["probe"] is not None
+    if max_seconds < 2:  # the third probe starts at 2 s: skipped, said so
+        assert any("not probed: --max-seconds" in (r["skipped"] or "") for r in rows.values())
+    if max_seconds < 1000:
+        assert report["repeats"] < report["repeats_asked"] or not report["warmed_up"]
+    else:
+        assert report["repeats"] == 3 and report["warmed_up"] and not any(
+            r["skipped"] for r in rows.values())
+    text = R.format_report(report)
+    for name, row in rows.items():
+        if row["skipped"]:
+            assert f"SKIPPED    {row['skipped']}" in text
+
+
 def test_max_seconds_stops_between_repeats_and_says_how_many_ran():
-    report = B.bench(None, None, [[0], [1]], staged_configs(), max_tokens=4, repeats=3,
-                     decide=staged_decide, max_seconds=0)
-    assert report["repeats"] == 1 and report["repeats_asked"] == 3
-    row = next(r for r in report["rows"] if r["name"] == "chain b=3")
-    assert len(row["tok_s_all"]) == 1
+    # probes 0-3 s, warm-up 3-9, repeat 0 9-14, repeat 1 from 14 until past 16.5
+    report, _, rows = clocked(16.5)
+    assert report["repeats"] == 2 and report["repeats_asked"] == 3
+    assert len(rows["chain b=3"]["tok_s_all"]) == 2
 
 
 def test_classic_must_come_first():
@@ -327,7 +382,7 @@ def test_bench_command_json(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "treespec", "bench", "--prompts", "1", "--max-tokens", "4",
          "--repeats", "1", "--blocks", "2", "--trees", "", "--no-auto", "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert [r["name"] for r in report["rows"]] == ["classic", "chain b=2", "conf n=1",

@@ -45,7 +45,7 @@ def _env(**extra):
 def _run(call="detect()", **extra):
     proc = subprocess.run(
         [sys.executable, "-c", REPORT.format(call=call)],
-        cwd=ROOT, env=_env(**extra), capture_output=True, text=True, timeout=60,
+        cwd=ROOT, env=_env(**extra), capture_output=True, text=True,
     )
     infos = [json.loads(ln[5:]) for ln in proc.stdout.splitlines() if ln.startswith("INFO ")]
     return proc, proc.stdout.count("START"), (infos[-1] if infos else None)

@@ -1,6 +1,9 @@
-"""`treespec generate`: the README's first command, and its clear errors."""
+"""`treespec generate`: the README's first command, its output in every mode,
+the prompt as mlx-lm reads it, and its clear errors."""
 
+import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_cli(*args):
     run = subprocess.run([sys.executable, "-m", "treespec", "generate", *args], cwd=ROOT,
-                         capture_output=True, timeout=600)
+                         capture_output=True)
     # Bytes, decoded here: text mode would turn a generated "\r" into "\n".
     run.stdout, run.stderr = run.stdout.decode(), run.stderr.decode()
     return run
@@ -82,6 +85,21 @@ def test_a_draft_model_with_another_tokenizer_is_refused(capsys, tmp_path):
     assert "tokenizer differs" in err
 
 
+def test_a_tokenizer_with_two_ids_swapped_is_refused_showing_them(capsys, tmp_path):
+    draft = tmp_path / "draft"
+    shutil.copytree(zoo.drafter_checkpoint("llama"), draft)
+    tok = json.loads((draft / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (draft / "tokenizer.json").write_text(json.dumps(tok))
+    err = _error(capsys, "--model", str(zoo.checkpoint("llama")), "--draft-model", str(draft))
+    ia, ib = vocab[b], vocab[a]  # the target's ids
+    assert (f" entries differ, first {a!r}: target {ia}, draft {ib}; "
+            f"{b!r}: target {ib}, draft {ia}; speculative decoding needs") in err
+    assert "tokenizer differs from the target's: 2 of " in err
+
+
 def test_a_target_that_refuses_trees_is_a_clear_error(capsys, tmp_path):
     target = tmp_path / "dynamic"
     shutil.copytree(zoo.checkpoint("llama"), target)
@@ -101,3 +119,169 @@ def test_classic_mode_needs_no_drafter_and_equals_mlx_lm(capsys):
     model, tok = mlx_lm.load(str(target))
     assert out["text"] == mlx_lm.generate(model, tok, prompt="abc", max_tokens=20)
     assert out["text"] == detokenize(tok, out["tokens"])
+
+
+# ----------------------------------------------------------------------------- output
+
+
+FINAL = re.compile(r"^(\d+) tokens in [\d.]+ s, [\d.]+ tok/s \((.+)\); gate: (.+)$")
+
+
+def run_main(capsys, *args):
+    assert main(["generate", *args]) == 0
+    return capsys.readouterr()
+
+
+@pytest.mark.parametrize("flags,mode,gate", [
+    (["--mode", "classic"], "classic", "not needed (classic decoding)"),
+    (["--mode", "chain"], "chain", "exact"),
+    (["--mode", "tree", "--tree-branching", "2,1"], "tree", "exact"),
+], ids=["classic", "chain", "tree"])
+def test_every_run_ends_in_one_line_of_tokens_speed_and_gate(capsys, flags, mode, gate):
+    out = run_main(capsys, "-m", "6", *flags).out
+    last = out.rstrip("\n").splitlines()[-1]
+    match = FINAL.match(last)
+    assert match, last
+    assert int(match.group(1)) == 6 and match.group(2) == mode
+    assert match.group(3).startswith(gate)
+
+
+def test_json_keeps_stdout_one_object_and_the_final_line_on_stderr(capsys):
+    out = run_main(capsys, "-m", "6", "--json")
+    assert json.loads(out.out)["tokens"]
+    assert FINAL.match(out.err.rstrip("\n").splitlines()[-1])
+
+
+def test_quiet_prints_the_text_only(capsys):
+    quiet = run_main(capsys, "-m", "6", "--quiet")
+    loud = run_main(capsys, "-m", "6", "--json")
+    assert quiet.out == json.loads(loud.out)["text"] + "\n" and quiet.err == ""
+
+
+def test_classic_prints_no_field_that_does_not_apply(capsys):
+    target, _ = default_pair()
+    out = run_main(capsys, "--model", str(target), "-m", "6")
+    diag = out.out.split("\n--\n", 1)[1]
+    keys = [line.split(":", 1)[0] for line in diag.splitlines()[:-1]]
+    assert keys[0] == "mode" and "emitted" in keys
+    for absent in ("requested", "gate", "draft_model", "notes", "acceptance", "rounds"):
+        assert absent not in keys, diag
+    assert ": \n" not in diag and "None" not in diag
+    assert "classic decoding (mlx-lm's generate_step)" in out.err  # --model alone says so
+
+
+def test_model_alone_equals_mlx_lm_generate(capsys):
+    target, _ = default_pair()
+    out = json.loads(run_main(capsys, "--model", str(target), "-m", "12", "--json",
+                              "-p", "import os").out)
+    model, tok = mlx_lm.load(str(target))
+    assert out["diagnostics"]["mode"] == "classic"
+    assert out["text"] == mlx_lm.generate(model, tok, prompt="import os", max_tokens=12)
+
+
+@pytest.mark.slow
+def test_auto_says_its_reason_once(capsys):
+    out = run_main(capsys, "--mode", "auto", "-m", "6")
+    lines = [ln for ln in out.out.splitlines() if ln.startswith("auto: ")]
+    assert len(lines) == 1 and ", reason=predicted " in lines[0]
+    reason = lines[0].split(", reason=", 1)[1]
+    assert (out.out + out.err).count(reason[:60]) == 1
+
+
+# ----------------------------------------------------------------------------- the prompt
+
+
+def test_prompt_dash_reads_stdin_and_escapes_read_as_mlx_lm_reads_them(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("class Stack:\n"))
+    piped = json.loads(run_main(capsys, "-p", "-", "-m", "8", "--json").out)
+    escaped = json.loads(run_main(capsys, "-p", "class Stack:\\n", "-m", "8", "--json").out)
+    target, tok = mlx_lm.load(str(default_pair()[0]))
+    want = mlx_lm.generate(target, tok, prompt="class Stack:\n", max_tokens=8)
+    assert piped["text"] == escaped["text"] == want
+
+
+@pytest.mark.parametrize("mode", ["classic", "chain", "tree"])
+def test_an_empty_prompt_is_the_same_error_in_every_mode(capsys, mode):
+    err = _error(capsys, "-p", "", "--mode", mode)
+    assert err == ("treespec generate: error: --prompt: the prompt is empty (no tokens); every "
+                   "mode needs at least one token to start from\n")
+
+
+@pytest.fixture(scope="module")
+def short_positions(tmp_path_factory):
+    """The zoo llama, told it was trained for 24 positions."""
+    path = tmp_path_factory.mktemp("positions") / "llama24"
+    shutil.copytree(zoo.checkpoint("llama"), path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["max_position_embeddings"] = 24
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def test_a_prompt_past_the_models_positions_is_an_error(capsys, short_positions):
+    err = _error(capsys, "--model", str(short_positions), "-p", "x" * 40)
+    assert "past the model's max_position_embeddings 24" in err
+
+
+def test_a_run_that_may_pass_the_models_positions_warns_and_runs(capsys, short_positions):
+    out = run_main(capsys, "--model", str(short_positions), "-p", "abc", "-m", "30")
+    assert "warning: prompt" in out.err and "max_position_embeddings 24" in out.err
+    assert FINAL.match(out.out.rstrip("\n").splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- KV cache flags
+
+
+@pytest.mark.exactness
+def test_kv_bits_run_as_mlx_lm_generate_runs_them(capsys):
+    flags = ["--kv-bits", "4", "--quantized-kv-start", "12", "-m", "24", "-p", "import os\n"]
+    got = json.loads(run_main(capsys, *flags, "--json").out)
+    target, tok = mlx_lm.load(str(default_pair()[0]))
+    want = mlx_lm.generate(target, tok, prompt="import os\n", max_tokens=24, kv_bits=4,
+                           quantized_kv_start=12)
+    assert got["text"] == want
+    assert got["diagnostics"]["mode"] == "chain" and got["diagnostics"]["gate"]["exact"]
+
+
+def test_kv_flags_that_cannot_act_here_are_refused_with_the_reason(capsys):
+    # mlx-lm's llama builds its own caches, so make_prompt_cache ignores max_kv_size
+    err = _error(capsys, "--max-kv-size", "512")
+    assert "--max-kv-size 512: this mlx_lm.models.llama model builds its own caches" in err
+    err = _error(capsys, "--kv-bits", "8", "-m", "10")
+    assert "--kv-bits 8 acts from position 5000 on (--quantized-kv-start 5000)" in err
+
+
+# ----------------------------------------------------------------------------- against mlx-lm's CLI
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory):
+    """The zoo llama with a chat template, as instruct checkpoints have."""
+    path = tmp_path_factory.mktemp("template") / "llama"
+    shutil.copytree(zoo.checkpoint("llama"), path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}<|reserved_0|>{{ m['role'] }}: "
+                            "{{ m['content'] }}\n{% endfor %}"
+                            "{% if add_generation_prompt %}assistant: {% endif %}")
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def both_clis(model, *flags, stdin=None):
+    """(mlx-lm's `mlx_lm generate --verbose False`, `treespec generate --quiet`) stdout."""
+    args = ["--model", str(model), "-m", "12", *flags]
+    mlx = subprocess.run([sys.executable, "-m", "mlx_lm", "generate", *args, "--verbose", "False"],
+                         cwd=ROOT, capture_output=True, input=stdin)
+    ours = subprocess.run([sys.executable, "-m", "treespec", "generate", *args, "--quiet"],
+                          cwd=ROOT, capture_output=True, input=stdin)
+    assert mlx.returncode == 0 and ours.returncode == 0, (mlx.stderr, ours.stderr)
+    return mlx.stdout, ours.stdout
+
+
+def test_the_prompt_reads_as_mlx_lms_own_command_line_reads_it(templated):
+    with_template = both_clis(templated, "-p", "hello there")
+    raw = both_clis(templated, "-p", "hello there", "--ignore-chat-template")
+    piped = both_clis(templated, "-p", "-", "--ignore-chat-template", stdin=b"hello there")
+    for mlx_lm_text, ours in (with_template, raw, piped):
+        assert ours == mlx_lm_text
+    assert with_template[0] != raw[0] and raw[0] == piped[0]

@@ -54,7 +54,9 @@ def test_a_tree_past_the_probe_maximum_is_refused_before_any_forward():
     with pytest.raises(ValueError, match=rf"{gate.MAX_PROBE_NODES + 1} nodes.*at most "
                                          rf"{gate.MAX_PROBE_NODES}.*gate=False"):
         gate.probe(target, [star])
-    with pytest.raises(ValueError, match=rf"501 nodes.*at most {gate.MAX_PROBE_NODES}"):
+    # decode refuses it first, naming the argument: the probe's maximum less the root
+    with pytest.raises(ValueError, match=rf"branching=\[500\]: 500 draft nodes.*"
+                                         rf"at most {gate.MAX_PROBE_NODES - 1}"):
         decode(target, helpers.prompt(8), mode="tree", draft_model=helpers.drafter(),
                branching=[500], max_tokens=1000)
     assert counter.calls <= 2

@@ -23,6 +23,11 @@ class Findings:
     edges: Dict[str, Set[str]] = field(default_factory=dict)  # module -> package modules it imports
     function_imports: List[Tuple[str, int, str]] = field(default_factory=list)  # (module, line, what)
     patches: List[Tuple[str, int, str]] = field(default_factory=list)  # (module, line, target)
+    # (module, line): calls of importlib.import_module / __import__, imports the graph cannot see
+    run_time_imports: List[Tuple[str, int]] = field(default_factory=list)
+    # module -> {command: "pkg.module:function"}, its module-level COMMANDS table; each
+    # target module counts as an import of that module (an edge of the graph)
+    dispatch: Dict[str, Dict[str, str]] = field(default_factory=dict)
 
 
 def modules(root: Path, package: str) -> Dict[str, Module]:
@@ -71,11 +76,35 @@ def _targets(mod: Module, node, known: Dict[str, Module]) -> List[Tuple[str, Opt
     return out
 
 
+def _dispatch_table(mod: Module) -> Dict[str, str]:
+    """A module-level ``COMMANDS = {"name": "pkg.module:function", ...}``."""
+    for node in mod.tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "COMMANDS"
+                and isinstance(node.value, ast.Dict)):
+            return {k.value: v.value for k, v in zip(node.value.keys, node.value.values)
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+    return {}
+
+
+def _is_run_time_import(node) -> bool:
+    f = node.func if isinstance(node, ast.Call) else None
+    return (isinstance(f, ast.Attribute) and f.attr == "import_module") or (
+        isinstance(f, ast.Name) and f.id in ("import_module", "__import__"))
+
+
 def read(root: Path, package: str) -> Tuple[Dict[str, Module], Findings]:
     known = modules(root, package)
     found = Findings()
     for name, mod in known.items():
         found.edges[name] = set()
+        table = _dispatch_table(mod)
+        if table:
+            found.dispatch[name] = table
+            found.edges[name] |= {t.partition(":")[0] for t in table.values()
+                                  if t.partition(":")[0] in known}
+        found.run_time_imports += [(name, n.lineno) for n in ast.walk(mod.tree)
+                                   if _is_run_time_import(n)]
         module_names: Set[str] = set()  # local names bound to package modules
         in_function: Set[int] = set()
         for fn in ast.walk(mod.tree):

@@ -7,7 +7,7 @@ import pytest
 
 from treespec import zoo
 from treespec.blas import detect
-from treespec.cli import format_diagnostics
+from treespec.generate_cli import format_diagnostics
 from treespec.decode import decode
 from treespec.gate import probe, shapes_for
 

@@ -56,7 +56,7 @@ def test_under_openblas_the_gate_declines_what_differs_and_the_goldens_hold():
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
            "suites/e2e", "suites/regimes/check_openblas.py"]
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     tail = (run.stdout + run.stderr)[-4000:]
     assert run.returncode == 0, tail
     assert re.search(r"\b\d+ passed\b", tail) and " skipped" not in tail.splitlines()[-1], tail

@@ -26,11 +26,11 @@ treespec.walk.tree_walk. It is handed to the round loop and the gate as
 their ``adapter=`` / ``walk=`` arguments.
 """
 
-from .command import add_parser, cmd_audit
+from .command import cmd_audit
 from .records import FAIL, INEXACT, PASS, SKIP, Check, Options, Report
 from .runner import CHECKS, PROPERTIES, audit, check, format_report, header, run
 from .subject import Subject, load_adapter, subject
 
 __all__ = ["CHECKS", "FAIL", "INEXACT", "PASS", "PROPERTIES", "SKIP", "Check", "Options",
-           "Report", "Subject", "add_parser", "audit", "check", "cmd_audit", "format_report",
+           "Report", "Subject", "audit", "check", "cmd_audit", "format_report",
            "header", "load_adapter", "run", "subject"]

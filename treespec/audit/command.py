@@ -1,14 +1,16 @@
-"""``treespec audit``: its flags and its command."""
+"""``treespec audit``'s command (its flags are treespec.cli's)."""
 
 import json
 
 from ..errors import UsageError
+from ..process import prepare
 from .records import Options
 from .runner import PROPERTIES, format_report, run
 from .subject import subject
 
 
 def cmd_audit(args) -> int:
+    prepare()
     props = PROPERTIES
     if args.only:
         props = [p.strip() for p in args.only.split(",") if p.strip()]
@@ -24,32 +26,3 @@ def cmd_audit(args) -> int:
     else:
         print(format_report(report))
     return 0 if report.ok else 1
-
-
-def add_parser(sub):
-    p = sub.add_parser(
-        "audit",
-        help="run the exactness contracts against a checkpoint and its tree adapter",
-        description="Audit tree speculative decoding on one mlx-lm checkpoint: adapter, "
-        "per-node verify, rollback in every cache mode, walks, end-to-end text and the "
-        "exactness probe. Exit status 1 if any property fails.",
-    )
-    p.add_argument("--model", required=True, help="mlx-lm checkpoint directory to audit")
-    p.add_argument("--draft-model", help="drafter checkpoint for the e2e text diff "
-                   "(default: the model drafts for itself)")
-    p.add_argument("--adapter", help="module:attr of a callable model -> adapter (the "
-                   "TreeAdapter interface; a walk(tree, target_tokens) method overrides the walk) "
-                   "used instead of treespec.verify.adapter_for")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--block", type=int, default=4, help="chain verify width for the e2e "
-                   "chain mode and the probe shapes (default 4)")
-    p.add_argument("--allow-inexact", action="store_true", help="accept differences up to "
-                   "--tolerance (reported as 'inexact') instead of requiring bit identity")
-    p.add_argument("--tolerance", type=float, default=0.05,
-                   help="max |diff| of logits accepted with --allow-inexact (default 0.05)")
-    p.add_argument("--draws", type=int, default=3, help="random trees per cache state (default 3)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="e2e length (default: 32, or the sliding window + 16)")
-    p.add_argument("--only", help=f"comma-separated subset of: {', '.join(PROPERTIES)}")
-    p.set_defaults(func=cmd_audit)

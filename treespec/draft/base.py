@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Protocol, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
-from .. import caches
+from .. import caches, kv as kv_caches
 from ..models import PREFILL_STEP, prefill
+from ..options import KVOptions
 from ..rollback import commit_path
 from ..tree import DraftTree
 from ..verify import adapter_for
@@ -133,12 +133,15 @@ class Drafter:
         self.pending: List[int] = []
 
     def start(self, model, prompt_without_root: Sequence[int],
-              prefill_step_size: int = PREFILL_STEP, adapter=None):
+              prefill_step_size: int = PREFILL_STEP, adapter=None,
+              kv: KVOptions = kv_caches.DEFAULT):
         """Take ``model`` and prefill its cache. ``adapter``: the tree
-        adapter for the draft model (default ``adapter_for(model)``)."""
+        adapter for the draft model (default ``adapter_for(model)``);
+        ``kv``: mlx-lm's KV cache options, the target's (treespec.kv)."""
         self.model = model
         self.adapter = adapter if adapter is not None else adapter_for(model)
-        self.cache = make_prompt_cache(model)
+        self.cache = kv_caches.make_cache(model, kv)
+        self._quantize = kv_caches.quantizer(kv)
         # Grown level by level only where both the caches and the adapter
         # (treespec.verify: not through re-indexed per-position values) allow it.
         self.compacting = (caches.grows_in_parts(self.cache)
@@ -148,7 +151,7 @@ class Drafter:
         self._feed(prompt_without_root)
 
     def _feed(self, tokens: Sequence[int]):
-        prefill(self.model, self.cache, tokens, self._step)
+        prefill(self.model, self.cache, tokens, self._step, after=self._quantize)
 
     def _save(self):
         return None if self.compacting else [caches.mode_of(c).save(c) for c in self.cache]
@@ -224,6 +227,10 @@ class Drafter:
             self._restore()
             self.pending = [rnd.tree.tokens[n] for n in path]
             return
+        self._commit_fed(rnd, path)
+        self._quantize(self.cache)  # where mlx-lm's draft steps quantize, between rounds
+
+    def _commit_fed(self, rnd: Round, path: Sequence[int]):
         fed_path = []
         for node in path:
             if rnd.fed[node] < 0:
@@ -240,5 +247,7 @@ class Drafter:
     def budget(self) -> int:
         raise NotImplementedError
 
-    def probe_shapes(self) -> list:
+    def probe_shapes(self, limit: Optional[int] = None) -> list:
+        """The shapes this drafter's rounds can verify, with at most
+        ``limit`` draft nodes (what ``max_tokens`` allows) when given."""
         raise NotImplementedError

@@ -52,5 +52,5 @@ class ChainDrafter(Drafter):
     def describe(self):
         return {"kind": self.kind, "block": self.block, "budget": self.block - 1}
 
-    def probe_shapes(self):
-        return shapes_for(self.block)
+    def probe_shapes(self, limit: Optional[int] = None):
+        return shapes_for(self.block if limit is None else min(self.block, limit + 1))

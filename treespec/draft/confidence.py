@@ -86,13 +86,15 @@ class ConfidenceDrafter(_TopKTree):
         return {"kind": self.kind, "budget": self._budget, "width": self.width,
                 "depth": self.depth}
 
-    def probe_shapes(self):
+    def probe_shapes(self, limit: Optional[int] = None):
         # Its shapes change every round; the backend's kernel choice follows
         # M (the node count), so probe every M with a chain and a seeded
-        # branching tree of this drafter's width.
-        shapes = shapes_for(self._budget + 1)
+        # branching tree of this drafter's width. A ``limit`` keeps the first
+        # of these (the same seeded trees), up to what a round can verify.
+        top = self._budget + 1 if limit is None else min(self._budget, limit) + 1
+        shapes = shapes_for(top)
         rng = random.Random(self._budget * 1000 + self.width)
-        for m in range(3, self._budget + 2):
+        for m in range(3, top + 1):
             parents = [-1]
             for i in range(1, m):
                 options = [p for p in range(i) if parents.count(p) < self.width]

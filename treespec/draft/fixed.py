@@ -153,11 +153,12 @@ class FixedTreeDrafter(_TopKTree):
     def describe(self):
         return {"kind": self.kind, "branching": self.branching, "budget": self.budget()}
 
-    def probe_shapes(self):
+    def probe_shapes(self, limit: Optional[int] = None):
         # The shape, and its prefixes (what a round cut short by max_tokens
         # verifies), after every chain up to its depth.
-        depth = int(DraftTree([0] * len(self.shape), self.shape).depth())
-        return shapes_for(depth + 1) + [tuple(self.shape[:m]) for m in range(2, len(self.shape) + 1)]
+        n = len(self.shape) if limit is None else min(len(self.shape), limit + 1)
+        depth = int(DraftTree([0] * n, self.shape[:n]).depth())
+        return shapes_for(depth + 1) + [tuple(self.shape[:m]) for m in range(2, n + 1)]
 
 
 def fixed_shape(spec: Sequence[int]) -> dict:
