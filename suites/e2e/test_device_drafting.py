@@ -20,14 +20,16 @@ SHAPES = {
 
 
 @pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
-def test_a_parent_list_is_kept_in_level_order_so_the_probed_shapes_are_the_verified_trees(
+def test_a_parent_list_is_kept_in_first_choice_order_so_the_probed_shapes_are_the_verified_trees(
         on_device):
     model = helpers.model("llama")
     prompt = list(helpers.tokens(8, seed=2))
     drafter = FixedTreeDrafter(**SHAPES["parents"])
     drafter.on_device = on_device
     drafter.start(model, prompt[:-1])
-    assert drafter.shape == [-1, 0, 0, 1, 2, 1, 3]  # [-1, 0, 1, 2, 0, 4, 1] renumbered
+    # [-1, 0, 1, 2, 0, 4, 1] renumbered in preorder, a node's children in
+    # their given order (by hand: old nodes 0, 1, 2, 3, 6, 4, 5)
+    assert drafter.shape == [-1, 0, 1, 2, 1, 0, 5]
     probed = set(drafter.probe_shapes())
     for limit in (None, 3):
         rnd = drafter.draft(prompt[-1], limit)
@@ -79,10 +81,11 @@ def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():
     drafter = FixedTreeDrafter(branching=[2, 1])
     drafter.start(model, prompt[:-1])
     rnd = drafter.draft(prompt[-1])
-    drafter.commit(rnd, [0, 1, 3])  # node 3: a leaf the draft never fed
-    assert drafter.pending == [rnd.tree.tokens[3]]
+    assert rnd.tree.parents == (-1, 0, 1, 0, 3)  # first-choice order
+    drafter.commit(rnd, [0, 1, 2])  # node 2: a leaf the draft never fed
+    assert drafter.pending == [rnd.tree.tokens[2]]
     assert caches.offset(drafter.cache) == len(prompt) + 1  # + root and node 1
-    tiny = drafter.draft(rnd.tree.tokens[3], limit=0)
+    tiny = drafter.draft(rnd.tree.tokens[2], limit=0)
     drafter.commit(tiny, [0])
     assert len(tiny.tree) == 1 and drafter.pending == []
     assert caches.offset(drafter.cache) == len(prompt) + 3  # + the leaf and the new root
