@@ -16,10 +16,9 @@ import time
 from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import caches
 from .draft import Drafter, Round
 from .gate import decide
 from .models import PREFILL_STEP, prefill
@@ -111,7 +110,17 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
             result.stats.notes = stats.notes
             result.stats.mode = f"classic (declined {mode})"
             return result
-    eos, out = eos_set(eos_token_ids), []
+    # On mlx-lm's generation stream, as its speculative_generate_step runs.
+    with mx.stream(generation_stream):
+        out = _rounds(target, draft_model, prompt, max_tokens, drafter, eos_set(eos_token_ids),
+                      adapter, draft_adapter, walker, readout, on_round, stats)
+    return Result(out, stats)
+
+
+def _rounds(target, draft_model, prompt, max_tokens, drafter, eos, adapter, draft_adapter,
+            walker, readout, on_round, stats) -> list:
+    """Prefill, then draft -> verify -> walk -> commit until max_tokens or EOS."""
+    out = []
     clock = time.perf_counter
     t0 = clock()
     cache = make_prompt_cache(target)
@@ -123,7 +132,6 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
         t0 = clock()
         # Never draft past max_tokens: a round emits at most drafts + 1.
         rnd = drafter.draft(root, limit=max_tokens - len(out) - 1)
-        offset = caches.offset(cache)
         # Built on the lazy drafts of a device round (draft.DeviceRound):
         # drafting and verifying are one graph and one evaluation, as in
         # mlx-lm's round. So for such rounds 'draft' is building the graphs
@@ -134,8 +142,9 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
         t2 = clock()
         walk = walker(rnd, read)
         t3 = clock()
-        # Both commits evaluate what they write (commit_path ends in mx.eval).
-        adapter.commit(cache, rnd.tree, walk.path, offset)
+        # Neither commit evaluates anything unless rows move (then their reads:
+        # treespec.rollback.commit_path); the writes join the next round's graph.
+        adapter.commit(cache, rnd.tree, walk.path)
         drafter.commit(rnd, walk.path)
         t4 = clock()
         for k, dt in zip(("draft", "verify", "walk", "commit"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
@@ -149,4 +158,4 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
         if stop:
             break
         root = walk.emitted[-1]
-    return Result(out, stats)
+    return out

@@ -71,6 +71,12 @@ def test_tree_ranks_follow_cumulative_logprob_then_creation_order():
     assert ranks == {2: 0, 3: 1, 1: 2, 4: 3}
 
 
+def test_tree_ranks_break_ties_in_the_rounds_rank_order_not_by_node_index():
+    """A round lists its nodes in rank order; its tree is laid out in
+    first-choice order, so node 3 can be created (and ranked) before node 2."""
+    assert tree_ranks({0: 0.0, 1: -0.1, 3: -0.5, 2: -0.5}) == {1: 0, 3: 1, 2: 2}
+
+
 def test_emitted_by_budget_accepts_the_prefix_of_the_path_inside_the_top_n():
     # Root 0; children 1 (lp -0.2) and 2 (lp -1.0); 3 under 1 (lp -0.5); 4 under 3 (-3).
     logprobs = {0: 0.0, 1: -0.2, 2: -1.0, 3: -0.5, 4: -3.0}
@@ -143,7 +149,7 @@ def test_without_classic_the_cheapest_chain_wins_a_linear_curve():
 def tree_run(curve, accepted, budget, draft_ms, overhead=0.5):
     return {"budget": budget, "width": 4, "records": [path_record(a, budget) for a in accepted],
             "nodes": budget + 1, "verify_ms": curve[budget + 1] + overhead,
-            "draft_ms": draft_ms, "other_ms": 0.5, "steps": budget + 1}
+            "draft_ms": draft_ms, "other_ms": 0.5, "steps": budget}
 
 
 def test_a_tree_that_beats_the_chain_by_the_margin_is_chosen():
@@ -179,7 +185,8 @@ def test_tree_verify_moves_along_the_curve_even_when_chain_rounds_hide_their_ver
     assert cands[7].round_ms == pytest.approx(curve[8] + 0.5 + 4.0 + 0.5)
     assert cands[7].verify_ms == pytest.approx(curve[8])
     assert cands[3].verify_ms == pytest.approx(curve[4])
-    assert cands[3].draft_ms == pytest.approx((4.0 + 0.5) * 4 / 8)
+    # one draft forward per depth: 3 of the measured tree's 7
+    assert cands[3].draft_ms == pytest.approx((4.0 + 0.5) * 3 / 7)
 
 
 def test_a_tree_whose_verify_finished_inside_its_drafting_is_not_predicted_free():
@@ -191,7 +198,9 @@ def test_a_tree_whose_verify_finished_inside_its_drafting_is_not_predicted_free(
     curve = {1: 5.43, 2: 6.46, 3: 7.6, 4: 9.12, 5: 10.85, 6: 11.94, 7: 13.07, 8: 14.48}
     chains = [chain_run(2, [1, 1, 0, 1], 1.40, 6.64), chain_run(8, [3, 7, 2, 5, 1], 3.05, 17.62)]
     tree = {"budget": 7, "width": 4, "records": [path_record(a, 7) for a in (1, 0, 2, 1)],
-            "nodes": 7.8, "verify_ms": 3.10, "draft_ms": 22.63, "other_ms": 0.46, "steps": 8}
+            # steps: 7 forwards, as the per-depth drafter reports for budget 7
+            # (the record's drafter ran 8, root + 7 expansion steps)
+            "nodes": 7.8, "verify_ms": 3.10, "draft_ms": 22.63, "other_ms": 0.46, "steps": 7}
     cands = predict(curve, 4.7, chains, tree, max_block=8)
     trees = {c.budget: c for c in cands if c.kind == "confidence"}
     for n, c in trees.items():
