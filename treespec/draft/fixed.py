@@ -146,11 +146,14 @@ class FixedTreeDrafter(_TopKTree):
                 continue
             forwards += 1
             tokens = mx.take(flat, gather)
+            if not self.compacting:
+                fed_tokens = mx.concatenate([fed_tokens, tokens])
             if self.compacting:
                 logits = self.adapter.verify(part, self.cache, start=start, tokens=tokens)
+            elif part.is_linear():  # still a chain: plain decoding continues it
+                logits = self.model(tokens[None], cache=self.cache)[0]
             else:
                 self._restore()
-                fed_tokens = mx.concatenate([fed_tokens, tokens])
                 logits = self.adapter.verify(part, self.cache, tokens=fed_tokens)[start:]
             level_top = self._device_top(logits)
             # Started now, as the chain starts each draft: the device runs
