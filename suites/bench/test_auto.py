@@ -19,6 +19,7 @@ from treespec.auto import (
     emitted_chain,
     monotone,
     pick,
+    pick_measured,
     predict,
     tree_ranks,
 )
@@ -299,3 +300,27 @@ def test_choose_on_the_trained_pair_returns_a_decodable_choice_with_its_reasons(
     want = decode(target, prompt, mode="classic", max_tokens=8).tokens
     got = decode(target, prompt, draft_model=draft, max_tokens=8, **decode_kwargs(c)).tokens
     assert got == want
+
+
+def test_the_run_off_keeps_the_fastest_measured_finalist_a_tree_by_half_the_margin():
+    """The model ranked chain b=7 first; measured, b=3 is faster and wins
+    (the H200 run at 09249e5 chose b=7 on a prediction tie and ran 0.93x
+    b=3). A tree must beat the best measured chain by half the margin."""
+    b3, b7 = Candidate("chain", block=3, nodes=3), Candidate("chain", block=7, nodes=7)
+    tree = Candidate("fixed", branching=(2, 1, 1), nodes=7)
+    half = 0.05 / 2  # what choose() passes with its default margin
+    assert pick_measured([(b7, 316.0), (b3, 339.0)], half) is b3
+    assert pick_measured([(b3, 339.0), (tree, 345.0)], half) is b3  # 1.8%: within it
+    assert pick_measured([(b3, 339.0), (tree, 350.0)], half) is tree  # 3.2%
+    assert pick_measured([(b7, 339.0), (b3, 339.0)], half) is b3  # a tie: the smaller verify
+
+
+def test_a_candidate_spec_runs_the_candidate():
+    for c in (Candidate("classic"), Candidate("chain", block=4),
+              Candidate("fixed", branching=(2, 1), budget=4),
+              Candidate("confidence", budget=5, width=3)):
+        spec = c.spec()
+        assert spec["kind"] == c.kind
+        assert {k: v for k, v in spec.items() if k != "kind"}.items() <= {
+            "block": c.block, "branching": c.branching, "budget": c.budget,
+            "width": c.width}.items()

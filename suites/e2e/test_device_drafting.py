@@ -214,3 +214,23 @@ def test_on_a_cache_fed_whole_the_device_round_is_the_host_round(family, shape):
         assert device.pending == host.pending
         assert helpers.fingerprint(device.cache) == helpers.fingerprint(host.cache)
         root = a.tree.tokens[path[-1]]
+
+
+def test_confidence_ties_go_to_the_earlier_created_candidate():
+    """Exact ties (a token of probability 1, equal sums) are ranked by
+    creation order, on the frontier and in the kept set, so a child (created
+    after its parent, never scored above it) can never be kept without it."""
+    import numpy as np
+
+    from treespec.draft.confidence import best_first, build_tree
+
+    scores = np.array([-1.0, -0.5, -0.5, -2.0, -0.5], dtype=np.float32)
+    assert best_first(scores, 4).tolist() == [1, 2, 4, 0]
+    # candidates 0, 1 under the root; 2 under 0 with log-probability 0: all tie
+    args = dict(tokens=[7, 8, 9], scores=[-0.5, -0.5, -0.5], parents=[-1, -1, 0], fed_of={0: 1})
+    tree, fed, logprobs = build_tree(5, budget=2, **args)
+    assert tree.parents == (-1, 0, 0) and tree.tokens == (5, 7, 8)  # the child lost
+    tree, fed, logprobs = build_tree(5, budget=3, **args)
+    # first-choice order: 0, its child 2, then 1; logprobs in rank order 0, 1, 2
+    assert tree.parents == (-1, 0, 1, 0) and tree.tokens == (5, 7, 9, 8)
+    assert fed == [0, 1, -1, -1] and list(logprobs) == [0, 1, 3, 2]
