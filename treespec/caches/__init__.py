@@ -113,7 +113,9 @@ def offset(cache: Sequence) -> Optional[int]:
     """Tokens a model's cache list has seen (the next token's position): the
     offset of its positional entries, None when it has none (a purely
     recurrent model). Raises if they disagree."""
-    offsets = {o for o in map(offset_of, cache) if o is not None}
+    # Every round asks, for every layer: the table lookup inlined.
+    offsets = {o for o in ((MODES.get(type(c)) or _UNKNOWN).offset(c) for c in cache)
+               if o is not None}
     if len(offsets) > 1:
         raise ValueError(f"the caches disagree on their offset: {sorted(offsets)}")
     return offsets.pop() if offsets else None
@@ -125,7 +127,7 @@ def holds_recurrent(c) -> bool:
 
 
 def attention_caches(cache: Sequence) -> list:
-    return [c for c in cache if mode_of(c).attention]
+    return [c for c in cache if (MODES.get(type(c)) or _UNKNOWN).attention]
 
 
 def grows_in_parts(cache: Sequence) -> bool:
