@@ -492,6 +492,127 @@ def cmd_train(args):
     print(metrics["greedy_target"])
 
 
+# ---------------------------------------------------------------------------
+# train-draft: a further drafter for an already trained target
+# ---------------------------------------------------------------------------
+
+
+class DraftOnly:
+    """A new drafter trained against a frozen, already saved target: the same
+    loss as the drafter's in ``Pair`` (``(1-a) CE + a KL(target || draft)``),
+    the target's logits from its saved weights (upcast to float32 for the
+    forward, held fixed)."""
+
+    def __init__(self, args, target, total_steps):
+        import mlx.core as mx
+        import mlx.nn as nn
+        import mlx.optimizers as optim
+
+        mx.random.seed(args.seed)
+        arch = dict(DRAFT, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                    intermediate_size=args.mlp, num_attention_heads=args.heads,
+                    num_key_value_heads=args.heads)
+        self.target = target
+        self.draft, self.draft_cfg = build(arch)
+        mx.eval(self.draft.parameters())
+        warm = min(args.warmup, max(total_steps - 1, 1))
+        lr = args.draft_lr
+        self.opt = optim.AdamW(
+            learning_rate=optim.join_schedules(
+                [optim.linear_schedule(lr / warm, lr, warm),
+                 optim.cosine_decay(lr, max(total_steps - warm, 1), lr * args.final_lr_frac)],
+                [warm]),
+            betas=[0.9, 0.95], eps=1e-8, weight_decay=args.weight_decay)
+        self.opt_t = self.opt  # run_steps logs this one's learning rate
+        distill, clip = args.distill, args.clip
+
+        def loss_fn(draft, x, y, lt):
+            ld = draft(x)
+            ce = nn.losses.cross_entropy(ld, y, reduction="mean")
+            if lt is None:
+                return ce, ce
+            lpt = nn.log_softmax(lt, axis=-1)
+            lpd = nn.log_softmax(ld, axis=-1)
+            kl = (mx.exp(lpt) * (lpt - lpd)).sum(-1).mean()
+            return (1 - distill) * ce + distill * kl, ce
+
+        grad_fn = nn.value_and_grad(self.draft, loss_fn)
+        state = [self.draft.state, self.opt.state]
+
+        @partial(mx.compile, inputs=state, outputs=state)
+        def draft_step(x, y, lt):
+            (_, ce), g = grad_fn(self.draft, x, y, lt)
+            g, norm = optim.clip_grad_norm(g, clip)
+            self.opt.update(self.draft, g)
+            return ce, norm
+
+        def step(x, y):
+            # --distill 0 trains on the text alone: no target forward, the
+            # cost of a step on the CPU.
+            lt = mx.stop_gradient(self.target(x).astype(mx.float32)) if distill > 0 else None
+            ce, norm = draft_step(x, y, lt)
+            # run_steps reads (target CE, draft CE, target norm, draft norm).
+            return mx.array(0.0), ce, mx.array(0.0), norm
+
+        self.step = step
+        self.state = state
+
+
+def cmd_train_draft(args):
+    import mlx.core as mx
+    import mlx_lm
+
+    t_start = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train, heldout, meta = load_corpus(args.corpus)
+    windows = eval_windows(heldout, args.seq_len, args.eval_windows)
+    target, _ = mlx_lm.load(str(args.target))
+    saved_dtype = target.model.embed_tokens.weight.dtype
+    target.set_dtype(mx.float32)  # the training forward; evaluations use the saved dtype
+    mx.eval(target.parameters())
+    logf = open(out / "log.jsonl", "w")
+
+    def log(rec):
+        print(json.dumps(rec), flush=True)
+        logf.write(json.dumps(rec) + "\n")
+        logf.flush()
+
+    from treespec.blas import detect
+
+    log({"device": str(mx.default_device()), "mlx": mx.__version__, "blas": str(detect()),
+         "python": sys.version.split()[0], "target": str(args.target), "args": cli_args(args)})
+    pair = DraftOnly(args, target, args.steps)
+    log({"draft_params": n_params(pair.draft), "steps": args.steps,
+         "tokens_per_step": args.batch * args.seq_len})
+    data = batches(train, args.seq_len, args.batch, args.seed + 1)
+    every = max(args.steps // max(args.evals, 1), 1)
+    deadline = t_start + args.max_seconds if args.max_seconds else None
+    done, train_s = run_steps(pair, data, args.steps, log=log, every=every,
+                              eval_fn=lambda: evaluate(target, pair.draft, windows),
+                              deadline=deadline)
+    final32 = evaluate(target, pair.draft, windows)
+    target.set_dtype(saved_dtype)  # the target as shipped, for the final figures
+    pair.draft.set_dtype(getattr(mx, args.dtype))
+    mx.eval(target.parameters(), pair.draft.parameters())
+    path = zoo.save(pair.draft, out / "draft", config=pair.draft_cfg)
+    final = evaluate(target, pair.draft, windows)
+    sample = evaluate_sample(target, pair.draft, meta["sample"])
+    metrics = {
+        "device": str(mx.default_device()), "mlx": mx.__version__, "blas": str(detect()),
+        "target": str(args.target), "steps": args.steps, "steps_done": done,
+        "stopped_early": done < args.steps, "train_seconds": round(train_s, 1),
+        "total_seconds": round(time.time() - t_start, 1),
+        "tokens_seen": done * args.batch * args.seq_len,
+        "draft_params": n_params(pair.draft), "dtype": args.dtype,
+        "uniform_loss": math.log(384),
+        "heldout_float32_draft": final32, "heldout": final, "sample": sample,
+        "args": cli_args(args), "greedy_draft": greedy(pair.draft, PROMPT),
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    log({"final": final, "sample": sample, "path": str(path)})
+
+
 def cmd_eval(args):
     import mlx_lm
 
@@ -542,6 +663,31 @@ def main(argv=None):
     t.add_argument("--eval-windows", type=int, default=64)
     t.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
     t.set_defaults(func=cmd_train)
+
+    d = sub.add_parser("train-draft", help="train a further drafter for a saved target")
+    d.add_argument("--corpus", required=True)
+    d.add_argument("--target", required=True, help="the saved target checkpoint (frozen)")
+    d.add_argument("--out", required=True)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--steps", type=int, required=True)
+    d.add_argument("--max-seconds", type=float, default=0.0,
+                   help="hard stop (saves what it has); 0: none")
+    d.add_argument("--hidden", type=int, default=64)
+    d.add_argument("--layers", type=int, default=1)
+    d.add_argument("--mlp", type=int, default=192)
+    d.add_argument("--heads", type=int, default=1)
+    d.add_argument("--batch", type=int, default=16)
+    d.add_argument("--seq-len", type=int, default=256)
+    d.add_argument("--draft-lr", type=float, default=3e-3)
+    d.add_argument("--warmup", type=int, default=100)
+    d.add_argument("--final-lr-frac", type=float, default=0.1)
+    d.add_argument("--weight-decay", type=float, default=0.1)
+    d.add_argument("--clip", type=float, default=1.0)
+    d.add_argument("--distill", type=float, default=0.5)
+    d.add_argument("--evals", type=int, default=6)
+    d.add_argument("--eval-windows", type=int, default=64)
+    d.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
+    d.set_defaults(func=cmd_train_draft)
 
     e = sub.add_parser("eval", help="held-out loss and agreement of a saved pair")
     e.add_argument("--corpus", required=True)

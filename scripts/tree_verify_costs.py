@@ -1,138 +1,288 @@
-"""What a tree costs over a chain of the same width, piece by piece, on the
-scaled pair (treespec.scaled): each figure is one step with a sync, median
-of 30 after 5 warm-up calls.
+"""What a tree round costs against a chain round, piece by piece, side by side.
 
-    python scripts/tree_verify_costs.py [--dims 2048x16] [--alpha 0.02]
+    python scripts/tree_verify_costs.py [--dims 2048x16] [--alpha 0.02] [--repeats 9]
+    python scripts/tree_verify_costs.py --pair default|weak [--repeats 9]
 
-- the target's plain forward over T tokens against ``TreeAdapter.verify`` of
-  a 9-node tree (host graph building timed alone too);
-- the same 9-token forward with only the per-node rope, only the mask
-  array, or both injected (``treespec.verify.attention.injected``);
-- ``mx.fast.scaled_dot_product_attention`` with mlx-lm's "causal", a bool
-  and an additive mask (9 queries, 128 keys, 32 heads of 64);
-- one drafting round alone: chain b=5, a spine (the chain plus the
-  second-best token at each depth) and branching [2,1,1,1].
+On the scaled pair (treespec.scaled, bf16) or the built-in trained pair. Every
+item is one step ended by an evaluation, timed ``--calls`` times (median)
+within a repeat; the items run interleaved, in an order rotated every repeat,
+and each ratio is the median over repeats of the item's time over its
+reference's time in the same repeat (so a busy machine moves both alike):
+
+- verify: ``TreeAdapter.verify`` of a spine of 9 nodes, of [2,1,1,1] (9) and
+  of a chain of 5, each against a plain forward over as many tokens; host
+  graph building alone (the verify's and a plain forward's, evaluated
+  untimed after each call);
+- the pieces of the injection on a 9-token forward: the per-node rope alone,
+  the mask alone, both; sdpa with mlx-lm's "causal", a bool and an additive
+  mask in the activation dtype;
+- drafting one round alone, per drafter kind, against a chain of the same
+  depth (4): chain b=5, the spine, [2,1,1,1], the confidence tree of budget 4
+  and of budget 8 (depth 8, against chain b=9);
+- commit: the target's commit of the first-choice path (a trim) and of a
+  branch (rows moved) of the 9-node tree, against the verify; the draft
+  cache's commit.
+
+Load-independent figures printed with them: draft forwards per round, host
+evaluations (``mx.eval`` calls) per drafting round and per commit, and the
+number of primitives in the verify graph against the plain forward's
+(``mx.export_to_dot``).
 """
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
-
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from treespec import scaled
+from treespec.checkpoints import load_default_pair
 from treespec.draft import make_drafter
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
 from treespec.verify.attention import injected, rope_owners
 
 SPINE = [-1, 0, 0, 1, 1, 3, 3, 5, 5]  # depth 4, two children per spine node
-BRANCHING = [-1, 0, 0, 1, 2, 3, 4, 5, 6]  # [2,1,1,1]
+BRANCHING = [2, 1, 1, 1]
+CONTEXT = 64
+
+_evals = [0]
+_eval = mx.eval
 
 
-def median_ms(fn, n=30, warmup=5):
+def counted_eval(*args, **kwargs):
+    _evals[0] += 1
+    return _eval(*args, **kwargs)
+
+
+mx.eval = counted_eval  # this script's own counter of host evaluations
+
+
+def primitives(*arrays) -> int:
+    """Primitives in the (unevaluated) graph of ``arrays``."""
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *arrays)
+        with open(path) as f:
+            return sum(line.count("shape=rectangle") for line in f)
+    finally:
+        os.remove(path)
+
+
+def step_ms(fn, calls):
     out = []
-    for _ in range(n + warmup):
+    for _ in range(calls):
         t0 = time.perf_counter()
         fn()
         out.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(out[warmup:])
+    return statistics.median(out)
 
 
 def main():
     ap = argparse.ArgumentParser()
     scaled.add_pair_arguments(ap)
+    ap.add_argument("--pair", choices=("default", "weak"),
+                    help="the built-in trained pair (its target and that drafter) instead")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--calls", type=int, default=5, help="timed calls per item and repeat")
     args = ap.parse_args()
-    target, draft = scaled.pair_from_arguments(args)
+    if args.pair:
+        target, draft, _ = load_default_pair(args.pair)
+        what = f"trained pair, {args.pair} drafter"
+    else:
+        target, draft = scaled.pair_from_arguments(args)
+        what = f"scaled {args.dims[0]}x{args.dims[1]}, alpha {args.alpha}"
+    print(f"{what}; mlx {mx.__version__}, {mx.default_device()}; load "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
     adapter = adapter_for(target)
     cache = make_prompt_cache(target)
-    target(mx.arange(64)[None], cache=cache)
+    target(mx.arange(CONTEXT)[None], cache=cache)
     mx.eval([c.state for c in cache])
+    spine = DraftTree(list(range(9)), make_drafter("tree", parents=SPINE).shape)
+    fixed = DraftTree(list(range(9)), make_drafter("tree", branching=BRANCHING).shape)
+    chain5 = DraftTree.linear(list(range(5)))
+    items, refs = {}, {}
 
+    def restore(n):
+        trim_prompt_cache(cache, n)
+
+    # -- verify against a plain forward ------------------------------------
     def forward(T):
         def step():
             mx.eval(target(mx.arange(T)[None], cache=cache))
-            trim_prompt_cache(cache, T)
+            restore(T)
         return step
 
-    def verify(parents):
-        tree = DraftTree(list(range(len(parents))), parents)
-
+    def verify(tree):
         def step():
             mx.eval(adapter.verify(tree, cache))
-            trim_prompt_cache(cache, len(parents))
+            restore(len(tree))
         return step
 
-    def building_ms(build, n=30, warmup=5):
-        """Host time to build the graph alone; evaluated (untimed) before the
-        next call, so that no lazy graph piles up across calls."""
-        out = []
-        for _ in range(n + warmup):
-            t0 = time.perf_counter()
-            logits = build()
-            out.append(1e3 * (time.perf_counter() - t0))
-            mx.eval(logits)
-            trim_prompt_cache(cache, 9)
-            mx.eval([c.state for c in cache])
-        return statistics.median(out[warmup:])
-
     for T in (1, 5, 9):
-        print(f"target plain forward T={T}: {median_ms(forward(T)):.2f} ms", flush=True)
-    print(f"target verify, spine of 9: {median_ms(verify(SPINE)):.2f} ms")
-    print(f"target verify, [2,1,1,1] (9): {median_ms(verify(BRANCHING)):.2f} ms")
-    spine = DraftTree(list(range(9)), SPINE)
-    print(f"host graph building alone: verify of 9 "
-          f"{building_ms(lambda: adapter.verify(spine, cache)):.2f} ms, plain forward of 9 "
-          f"{building_ms(lambda: target(mx.arange(9)[None], cache=cache)):.2f} ms")
+        items[f"plain forward T={T}"] = forward(T)
+    for name, tree in (("spine of 9", spine), ("[2,1,1,1] (9)", fixed), ("chain of 5", chain5)):
+        items[f"verify {name}"] = verify(tree)
+        refs[f"verify {name}"] = f"plain forward T={len(tree)}"
 
-    chain = DraftTree(list(range(9)), list(range(-1, 8)))
+    def building(build, n):
+        """Host time to build the graph alone; evaluated (untimed) after the
+        call, so that no lazy graph piles up across calls."""
+        def step():
+            t0 = time.perf_counter()
+            out = build()
+            dt = time.perf_counter() - t0
+            _eval(out)
+            restore(n)
+            return dt
+        return step
+
+    timed = {"host graph building, verify of the 9-node spine":
+             building(lambda: adapter.verify(spine, cache), 9),
+             "host graph building, plain forward of 9":
+             building(lambda: target(mx.arange(9)[None], cache=cache), 9)}
+    refs["host graph building, verify of the 9-node spine"] = \
+        "host graph building, plain forward of 9"
+    graphs = {}
+    for name, build in (("verify", lambda: adapter.verify(spine, cache)),
+                        ("plain", lambda: target(mx.arange(9)[None], cache=cache))):
+        out = build()
+        graphs[name] = primitives(out)
+        _eval(out)
+        restore(9)
+    g_verify, g_plain = graphs["verify"], graphs["plain"]
+
     owners = rope_owners(target)
+    chain9 = DraftTree.linear(list(range(9)))
 
     def partly_injected(rope, mask):
         def step():
-            fn = (lambda c, N, w: chain.mask(c.offset)) if mask else (lambda c, N, w: "causal")
-            with injected(target, cache, chain.depths(), fn, "rope", owners):
+            fn = ((lambda c, N, w: chain9.mask(c.offset)) if mask == "bool"
+                  else (lambda c, N, w: chain9.additive_mask(c.offset, dtype=dtype))
+                  if mask == "additive" else (lambda c, N, w: "causal"))
+            with injected(target, cache, chain9.depths(), fn, "rope", owners):
                 if not rope:  # put the real ropes back: the mask alone
                     for _, owner in owners:
                         owner.rope = owner.rope.inner
                 out = target(mx.arange(9)[None], cache=cache)
             mx.eval(out)
-            trim_prompt_cache(cache, 9)
+            restore(9)
         return step
 
-    for rope, mask in ((False, True), (True, False), (True, True)):
-        print(f"9-token forward, per-node rope {'on' if rope else 'off'}, mask array "
-              f"{'on' if mask else 'off'}: {median_ms(partly_injected(rope, mask)):.2f} ms",
-              flush=True)
-
     dtype = target.model.embed_tokens.weight.dtype
-    q = mx.random.normal((1, 32, 9, 64)).astype(dtype)
-    k = mx.random.normal((1, 32, 128, 64)).astype(dtype)
-    v = mx.random.normal((1, 32, 128, 64)).astype(dtype)
-    bool_mask = chain.mask(128 - 9)
-    additive = mx.where(bool_mask, 0.0, -1e9).astype(dtype)
-    mx.eval(q, k, v, bool_mask, additive)
+    if not mx.issubdtype(dtype, mx.floating):  # quantized embedding
+        dtype = target.model.embed_tokens.scales.dtype
+    for rope, mask in ((False, "bool"), (False, "additive"), (True, "causal"), (True, "additive")):
+        key = f"9-token forward, per-node rope {'on' if rope else 'off'}, mask {mask}"
+        items[key] = partly_injected(rope, mask)
+        refs[key] = "plain forward T=9"
+
+    H, D = 32, 64
+    q = mx.random.normal((1, H, 9, D)).astype(dtype)
+    k = mx.random.normal((1, H, 128, D)).astype(dtype)
+    v = mx.random.normal((1, H, 128, D)).astype(dtype)
+    bool_mask = chain9.mask(128 - 9)
+    additive = chain9.additive_mask(128 - 9, dtype=dtype)
+    _eval(q, k, v, bool_mask, additive)
     for name, m in (("causal", "causal"), ("bool", bool_mask), ("additive", additive)):
-        ms = median_ms(lambda: mx.eval(mx.fast.scaled_dot_product_attention(
-            q, k, v, scale=0.125, mask=m)), n=100)
-        print(f"sdpa, {name} mask: {ms:.3f} ms")
+        key = f"sdpa 9x128, {name} mask"
+        items[key] = (lambda m=m: mx.eval(mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=D ** -0.5, mask=m)))
+        if name != "causal":
+            refs[key] = "sdpa 9x128, causal mask"
 
-    for name, kw in (("chain b=5", dict(mode="chain", block=5)),
-                     ("spine of 9", dict(mode="tree", parents=SPINE)),
-                     ("[2,1,1,1]", dict(mode="tree", branching=[2, 1, 1, 1]))):
+    # -- drafting one round, per drafter kind --------------------------------
+    drafters = {"chain b=5": dict(mode="chain", block=5),
+                "chain b=9": dict(mode="chain", block=9),
+                "spine (depth 4)": dict(mode="tree", parents=SPINE),
+                "[2,1,1,1] (depth 4)": dict(mode="tree", branching=BRANCHING),
+                "confidence n=4 (depth 4)": dict(mode="tree", budget=4),
+                "confidence n=8 (depth 8)": dict(mode="tree", budget=8)}
+    counts = {}
+    for name, kw in drafters.items():
+        kw = dict(kw)
         drafter = make_drafter(kw.pop("mode"), **kw)
-        drafter.start(draft, list(range(64)))
+        drafter.start(draft, list(range(CONTEXT)))
 
-        def round_alone():
+        def round_alone(drafter=drafter, name=name):
             before = drafter.cache[0].offset
+            e0 = _evals[0]
             rnd = drafter.draft(7)
-            mx.eval(rnd.device_tokens)
+            counts[name] = (rnd.forwards, _evals[0] - e0)
+            _eval(rnd.device_tokens if rnd.device_tokens is not None else mx.array(0))
             trim_prompt_cache(drafter.cache, drafter.cache[0].offset - before)
             drafter.pending = []
 
-        print(f"drafting round alone, {name}: {median_ms(round_alone):.2f} ms")
+        key = f"drafting round, {name}"
+        items[key] = round_alone
+        if name != "chain b=5" and name != "chain b=9":
+            refs[key] = "drafting round, chain b=9" if "depth 8" in name else \
+                "drafting round, chain b=5"
+
+    # -- commit -------------------------------------------------------------
+    commit_evals = {}
+
+    def commit(path, name):
+        def step():
+            mx.eval(adapter.verify(fixed, cache))
+            t0 = time.perf_counter()
+            e0 = _evals[0]
+            adapter.commit(cache, fixed, path)
+            commit_evals[name] = _evals[0] - e0
+            _eval([c.state for c in cache])  # the writes it left lazy
+            dt = time.perf_counter() - t0
+            restore(len(path))
+            return dt
+        return step
+
+    first_choice = list(range(5))  # the first-choice path: nodes 0..4
+    branch = [0, fixed.children(0)[1]]  # the root's second child, then down its chain
+    while fixed.children(branch[-1]):
+        branch.append(fixed.children(branch[-1])[0])
+    commits = {"commit, first-choice path (5 nodes)": commit(first_choice, "first-choice"),
+               f"commit, branch {branch}": commit(branch, "branch")}
+    timed.update(commits)
+
+    # -- run, interleaved ----------------------------------------------------
+    for fn in list(items.values()):  # warm-up
+        fn()
+    for fn in timed.values():
+        fn()
+    names = list(items) + list(timed)
+    times = {n: [] for n in names}
+    for r in range(args.repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            if n in items:
+                times[n].append(step_ms(items[n], args.calls))
+            else:
+                times[n].append(statistics.median(1e3 * timed[n]() for _ in range(args.calls)))
+    med = {n: statistics.median(v) for n, v in times.items()}
+    refs.update({n: "verify [2,1,1,1] (9)" for n in commits})
+
+    def ratio(n):
+        ref = refs.get(n)
+        if ref is None:
+            return ""
+        return f"  x{statistics.median(a / b for a, b in zip(times[n], times[ref])):.3f} {ref}"
+
+    print(f"\nmedians of {args.repeats} interleaved repeats x {args.calls} calls "
+          f"(load {os.getloadavg()[0]:.2f} at the end)")
+    for n in names:
+        extra = ""
+        for name, (fw, ev) in counts.items():
+            if n == f"drafting round, {name}":
+                extra = f"  [{fw} draft forwards, {ev} host evaluations]"
+        if n in commits:
+            ev = commit_evals["first-choice" if "first-choice" in n else "branch"]
+            extra = f"  [{ev} host evaluations]"
+        print(f"{n:58} {med[n]:8.3f} ms{ratio(n)}{extra}")
+    print(f"\ngraph primitives, verify of the 9-node spine {g_verify} against a plain 9-token "
+          f"forward {g_plain} (x{g_verify / g_plain:.2f})")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,11 @@ The choice is the highest predicted throughput, except that a tree must beat the
 chain (and classic) by ``margin`` to be chosen over it: a tree's estimate comes from
 one budget's run, a chain's from two. Every candidate is gated by the exactness probe
 (``treespec.gate.decide``) in order of preference, so an inexact configuration is
-never chosen. ``reason`` gives the numbers.
+never chosen. Then the run-off: every eligible candidate predicted within ``runoff``
+(default 0.9) of the choice, at most ``max_runoff``, is timed directly on the
+calibration prompts, interleaved, and the fastest measured one is chosen (a tree by
+half the margin): the model only ranks, the clock decides between close ones.
+``reason`` gives the numbers.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from . import gate
-from .auto_calibrate import CALIBRATION_PROMPTS, calibrate
+from .auto_calibrate import CALIBRATION_PROMPTS, calibrate, measured_tok_s
 from .costcurve import verify_cost_curve
 from .draft import FixedTreeDrafter, fixed_shape, make_drafter, shape_name
 
@@ -100,6 +104,16 @@ class Candidate:
             return {"mode": "tree", **fixed_shape(self.branching)}
         return {"mode": "tree", "budget": self.budget, "width": self.width}
 
+    def spec(self) -> dict:
+        """This candidate as an ``auto_calibrate.calibrate`` spec."""
+        if self.kind == "classic":
+            return {"kind": "classic"}
+        if self.kind == "chain":
+            return {"kind": "chain", "block": self.block}
+        if self.kind == "fixed":
+            return {"kind": "fixed", "branching": tuple(self.branching), "budget": self.budget}
+        return {"kind": "confidence", "budget": self.budget, "width": self.width}
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(name=self.name, round_ms=self.round_ms, tok_s=self.tok_s)
@@ -117,8 +131,10 @@ def emitted_chain(accepted: Sequence[int], block: int) -> float:
 
 def tree_ranks(logprobs: Dict[int, float]) -> Dict[int, int]:
     """Rank of each non-root node in the confidence drafter's own order:
-    (-cumulative logprob, node index); tree node order is creation order."""
-    order = sorted((n for n in logprobs if n != 0), key=lambda n: (-logprobs[n], n))
+    -cumulative logprob, ties in the dict's order (a round's ``logprobs``
+    lists its nodes in the drafter's rank order, which breaks ties by
+    creation; its tree is laid out in first-choice order, not created so)."""
+    order = sorted((n for n in logprobs if n != 0), key=lambda n: -logprobs[n])  # stable
     return {n: r for r, n in enumerate(order)}
 
 
@@ -193,7 +209,7 @@ def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequen
         (per round); acceptance is taken from the largest block.
     tree: a measured confidence run {budget, width, records: [(logprobs, path)],
         nodes (mean verify width), verify_ms, draft_ms, other_ms, steps (mean draft
-        forwards per round: the root's and one per expansion step)}.
+        forwards per round: one per depth, the root's and one per frontier)}.
     fixed: measured fixed-tree runs {branching, budget, emitted, nodes, verify_ms,
         draft_ms, other_ms}.
     """
@@ -236,7 +252,7 @@ def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequen
     if tree:
         big = tree["budget"]
         es = emitted_by_budget(tree["records"], big)
-        steps = tree.get("steps") or (big + 1)
+        steps = tree.get("steps") or big
         # The verify forward is the curve's; everything else the draft and
         # verify columns hold is drafting. Neither column alone can be trusted
         # with the forward: a backend may finish the queued verify inside the
@@ -250,8 +266,9 @@ def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequen
             cands.append(Candidate(
                 "confidence", budget=n, width=tree.get("width", width), nodes=nodes,
                 emitted=es[n], verify_ms=_interp(curve, nodes),
-                # one forward for the root, one per expansion step (<= n of them)
-                draft_ms=drafting * min(n + 1, steps) / steps,
+                # one draft forward per depth: a budget-n tree drafts n deep
+                # (treespec.draft.confidence)
+                draft_ms=drafting * min(n, steps) / steps,
                 other_ms=tree["other_ms"], source="measured" if n == big else "model"))
     for f in fixed:
         cands.append(Candidate(
@@ -288,6 +305,17 @@ def pick(cands: Sequence[Candidate], margin: float = 0.05,
             return c, ranked
     raise RuntimeError("no candidate passed the exactness probe: "
                        + "; ".join(f"{c.name}: {c.why}" for c in ranked if c.why))
+
+
+def pick_measured(rows: Sequence[tuple], margin: float) -> Candidate:
+    """The fastest of (candidate, measured tok/s) rows; a tree must beat the
+    fastest non-tree row by ``margin``; ties to the simpler kind."""
+    def score(row):
+        c, tok_s = row
+        s = tok_s * ((1 - margin) if c.kind in ("fixed", "confidence") else 1.0)
+        return (-s, KIND_RANK[c.kind], c.nodes)
+
+    return sorted(rows, key=score)[0][0]
 
 
 def explain(choice: Candidate, ranked: Sequence[Candidate], curve: Dict[int, float],
@@ -341,7 +369,7 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
            max_block: int = 8, max_tokens: int = 40, repeats: int = 3, width: int = 4,
            trees: Sequence[Sequence[int]] = (), allow_classic: bool = True,
            allow_inexact: bool = False, margin: float = 0.05, eos_token_ids=None,
-           decide: Optional[Callable] = None,
+           decide: Optional[Callable] = None, runoff: float = 0.9, max_runoff: int = 4,
            log: Callable[[str], None] = lambda s: None,
            deadline: Optional[float] = None) -> dict:
     """Measure, predict, gate, choose. Returns
@@ -393,15 +421,35 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
         return d.run, d.reason
 
     choice, ranked = pick(cands, margin, eligible, allow_classic)
+    # The run-off: the model interpolates (chains between the two measured
+    # blocks, trees from one budget), so every eligible candidate predicted
+    # within ``runoff`` of the choice is timed directly, interleaved, and the
+    # fastest measured wins (a tree by ``margin / 2`` over the rest: its
+    # figures are now measured too, only noisier).
+    finalists = [c for c in ranked if c.tok_s >= runoff * choice.tok_s
+                 and (c is choice or c.kind == "classic" or eligible(c)[0])][:max_runoff]
+    runoff_rows = []
+    if len(finalists) > 1:
+        t0 = time.perf_counter()
+        runs = calibrate(target, draft_model, prompts, [c.spec() for c in finalists],
+                         max_tokens, repeats, eos_token_ids, log)
+        runoff_rows = [(c, measured_tok_s(r)) for c, r in zip(finalists, runs)]
+        choice = pick_measured(runoff_rows, margin / 2)
+        log(f"auto: run-off of {len(finalists)} ({time.perf_counter() - t0:.1f}s): "
+            + ", ".join(f"{c.name} {t:.0f}" for c, t in runoff_rows))
     hi = max(chains, key=lambda c: c["block"])
     p_depth = _per_depth(hi["accepted"], hi["block"] - 1)
     reason = explain(choice, ranked, curve, p_depth, margin)
+    if runoff_rows:
+        reason += "; run-off, measured tok/s: " + ", ".join(
+            f"{c.name} {t:.0f}" for c, t in runoff_rows)
     out = {"mode": choice.decode_kwargs()["mode"], "block": choice.block,
            "budget": choice.budget if choice.kind != "classic" else None,
            "branching": list(choice.branching) if choice.branching else None,
            "width": choice.width if choice.kind == "confidence" else None,
            "kind": choice.kind, "reason": reason,
            "predicted": [c.to_dict() for c in ranked[:6]],
+           "runoff": [{"name": c.name, "tok_s": t} for c, t in runoff_rows],
            "seconds": time.perf_counter() - t_start,
            "details": {"curve": curve_rows, "per_depth_acceptance": p_depth,
                        "calibration": [{k: v for k, v in c.items() if k not in ("records",)}

@@ -102,3 +102,13 @@ def calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log
             res["steps"] = statistics.mean(n for _, _, n in recs) if recs else None
         out.append(res)
     return out
+
+
+def measured_tok_s(res: dict) -> float:
+    """Steady-state tokens per second of one calibrated spec (its fastest
+    repeat): classic from its ms per token, the others from their emitted
+    tokens per round over the round's drafting, verifying and the rest."""
+    if res["kind"] == "classic":
+        return 1e3 / res["ms_per_token"]
+    round_ms = res["verify_ms"] + res["draft_ms"] + res["other_ms"]
+    return 1e3 * res["emitted"] / round_ms if round_ms > 0 else 0.0

@@ -73,15 +73,22 @@ def load_checkpoint(path, role: str):
         raise UsageError(f"--{role} {path}: mlx_lm.load failed: {type(e).__name__}: {e}")
 
 
-def default_pair():
+DRAFTERS = {"default": "draft", "weak": "draft-weak"}
+
+
+def default_pair(drafter: str = "default"):
     """The built-in pair, shipped in the package: a target and drafter trained
-    on the Python standard library (treespec/pair/README.md). No downloads."""
-    return PAIR / "target", PAIR / "draft"
+    on the Python standard library (treespec/pair/README.md). No downloads.
+    ``drafter="weak"``: the second, weaker drafter of the same target
+    (greedy agreement ~62% against the default's ~81%)."""
+    if drafter not in DRAFTERS:
+        raise UsageError(f"no built-in drafter {drafter!r}; known: {', '.join(DRAFTERS)}")
+    return PAIR / "target", PAIR / DRAFTERS[drafter]
 
 
-def load_default_pair():
+def load_default_pair(drafter: str = "default"):
     """(target, draft, tokenizer) of the built-in pair, through ``mlx_lm.load``."""
-    target_path, draft_path = default_pair()
+    target_path, draft_path = default_pair(drafter)
     target, tokenizer = mlx_lm.load(str(target_path))
     draft, _ = mlx_lm.load(str(draft_path))
     return target, draft, tokenizer

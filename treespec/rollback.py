@@ -227,20 +227,41 @@ def commit_path(
             if c is not c0:
                 refuse(c, (i,), "the snapshot was taken of a different cache object")
         entries = snapshot.entries
-    plans = [plan_commit(c, (i,), tail, e, recurrent) for i, (c, e) in enumerate(zip(cache, entries))]
-    if tail.first_moved == tail.k and all(type(c) is KVCache for c in cache):
-        # An accepted prefix of the node order (every chain round) on plain
-        # KV caches: no row moves and the commit is mlx-lm's trim (the plans
-        # above did the checks), with no evaluation at all, which on CUDA
-        # may synchronize.
+    if _trims(cache, tail, entries):
+        # An accepted prefix of the node order (every chain round, and every
+        # tree round that accepts first choices: the drafters lay trees out
+        # so) on plain KV caches: no row moves and the commit is mlx-lm's
+        # trim, with no evaluation at all (which on CUDA would synchronize).
         for c in cache:
             if c.keys is not None:  # one no forward writes stays empty (caches.plan_commit)
                 c.offset = tail.offset + tail.k
         return tail.k
+    plans = [plan_commit(c, (i,), tail, e, recurrent) for i, (c, e) in enumerate(zip(cache, entries))]
     steps = [plan() for plan in plans]
     # Every layer's reads in one evaluation, before any write: while a read
     # is pending, a slice update cannot reuse its buffer and copies the whole
-    # context; and one evaluation per layer would synchronize once per layer.
-    mx.eval([r for reads, _ in steps for r in reads])
-    mx.eval([a for _, write in steps for a in write()])
+    # context (measured: the peak memory of one evaluation of both is the
+    # cache's size); one evaluation per layer would synchronize once per
+    # layer. The writes stay lazy: the next forward evaluates them, each in
+    # place (its buffer has no other reader left), so a commit costs one
+    # synchronization when rows move and none when they do not.
+    reads = [r for rows, _ in steps for r in rows]
+    if reads:
+        mx.eval(reads)
+    for _, write in steps:
+        write()
     return tail.k
+
+
+def _trims(cache, tail: Tail, entries) -> bool:
+    """Whether this commit is a trim: the path is a prefix of the node order
+    and every layer is a plain KVCache holding the tree's rows last, its
+    snapshot (if any) taken at the verify's offset: all ``plan_commit``
+    would check there, without building its plans. Anything else goes the
+    planned way (and is refused there with its reason)."""
+    if tail.first_moved != tail.k:
+        return False
+    end = tail.offset + tail.n
+    return all(type(c) is KVCache and c.keys is not None and c.offset == end
+               and (e is None or (e.cls is KVCache and e.offset == tail.offset))
+               for c, e in zip(cache, entries))

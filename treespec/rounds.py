@@ -16,7 +16,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, generation_stream
 
 from . import caches, kv as kv_caches
 from .checks import token_ids
@@ -167,7 +167,17 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
             result.stats.notes = stats.notes
             result.stats.mode = f"classic (declined {mode})"
             return result
-    eos, out = eos_set(eos_token_ids), []
+    # On mlx-lm's generation stream, as its speculative_generate_step runs.
+    with mx.stream(generation_stream):
+        out = _rounds(target, draft_model, prompt, max_tokens, drafter, eos_set(eos_token_ids),
+                      adapter, draft_adapter, walker, readout, on_round, stats, kv)
+    return Result(out, stats)
+
+
+def _rounds(target, draft_model, prompt, max_tokens, drafter, eos, adapter, draft_adapter,
+            walker, readout, on_round, stats, kv: KVOptions) -> list:
+    """Prefill, then draft -> verify -> walk -> commit until max_tokens or EOS."""
+    out = []
     clock = time.perf_counter
     t0 = clock()
     cache = kv_caches.make_cache(target, kv)
@@ -178,11 +188,10 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     root = prompt[-1]
     while len(out) < max_tokens:
         t0 = clock()
-        offset = caches.offset(cache)
         # Never draft past max_tokens (a round emits at most drafts + 1), nor
         # across the position where classic decoding starts to quantize.
         limit = max_tokens - len(out) - 1
-        room = kv_caches.room(kv, offset)
+        room = kv_caches.room(kv, caches.offset(cache)) if kv.kv_bits is not None else None
         rnd = drafter.draft(root, limit=limit if room is None else min(limit, room))
         # Built on the lazy drafts of a device round (draft.DeviceRound):
         # drafting and verifying are one graph and one evaluation, as in
@@ -194,8 +203,9 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
         t2 = clock()
         walk = walker(rnd, read)
         t3 = clock()
-        # Both commits evaluate what they write (commit_path ends in mx.eval).
-        adapter.commit(cache, rnd.tree, walk.path, offset)
+        # Neither commit evaluates anything unless rows move (then their reads:
+        # treespec.rollback.commit_path); the writes join the next round's graph.
+        adapter.commit(cache, rnd.tree, walk.path)
         quantize(cache)  # where generate_step quantizes: after the forward, once >= start
         drafter.commit(rnd, walk.path)
         t4 = clock()
@@ -210,4 +220,4 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
         if stop:
             break
         root = walk.emitted[-1]
-    return Result(out, stats)
+    return out

@@ -15,8 +15,7 @@ class Tail:
     def __init__(self, offset: int, n: int, path: np.ndarray):
         self.offset, self.n, self.path, self.k = offset, n, path, len(path)
         # Rows before the first off-path node already sit in their slot.
-        moved = np.nonzero(path != np.arange(self.k))[0]
-        self.first_moved = int(moved[0]) if moved.size else self.k
+        self.first_moved = next((i for i, p in enumerate(path.tolist()) if p != i), self.k)
 
 
 # -- moving rows along the time axis (2) -------------------------------------

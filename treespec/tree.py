@@ -82,6 +82,33 @@ class DraftTree:
         for p in pars[1:]:
             self._depths.append(self._depths[p] + 1)
         self._ancestry = None
+        self._derived = {}  # device arrays derived from the topology (see derived)
+
+    def with_tokens(self, tokens: Sequence[int]) -> "DraftTree":
+        """A tree of this topology carrying ``tokens``: only the tokens are
+        validated (the topology was, once), and the topology's derived
+        arrays (ancestry, masks, depths) are shared, not rebuilt. What a
+        drafter does every round with the tokens of a fixed shape."""
+        tokens = list(tokens)
+        if len(tokens) != len(self._tokens):
+            raise TreeError(f"{len(tokens)} tokens for a tree of {len(self._tokens)} nodes")
+        out = object.__new__(DraftTree)
+        out._tokens = [_as_token(t, i) for i, t in enumerate(tokens)]
+        # Copies: push_child on either tree must not grow the other.
+        out._parents, out._depths = list(self._parents), list(self._depths)
+        out._ancestry = self.ancestry()
+        out._derived = self._derived
+        return out
+
+    def derived(self, key, build):
+        """``build()`` once per topology and ``key`` (a mask for one history
+        length and window, the depths as a device array, ...): what every
+        verify of the same shape would otherwise rebuild. Shared by the
+        trees ``with_tokens`` makes; dropped when a node is pushed."""
+        d = self._derived
+        if key not in d:
+            d[key] = build()
+        return d[key]
 
     @classmethod
     def linear(cls, tokens: Sequence[int]) -> "DraftTree":
@@ -102,6 +129,7 @@ class DraftTree:
         self._parents.append(int(parent))
         self._depths.append(self._depths[parent] + 1)
         self._ancestry = None
+        self._derived = {}
         return node
 
     def __len__(self) -> int:
@@ -244,3 +272,30 @@ class DraftTree:
         """int32 ``offset + depth`` per node: a node's position is its depth,
         never its flattened index."""
         return mx.array(self.positions_np(offset))
+
+
+def first_choice_order(parents: Sequence[int]) -> list:
+    """The node order that puts every node's first child right after it:
+    a preorder in which each node's children are visited in their own order
+    (a drafter numbers a node's children best first). ``order[k]`` is the
+    old index of new node k. Its first nodes are then the path of first
+    choices (root, its first child, that child's first child, ...), so a
+    round that accepts first choices keeps a prefix of the verified block and
+    its commit moves no cache row (treespec.rows.Tail.first_moved). A
+    preorder is topological: every prefix of it is a tree."""
+    parents = [int(p) for p in parents]
+    children = [[] for _ in parents]
+    for i, p in enumerate(parents[1:], 1):
+        children[p].append(i)
+    order, stack = [], [0]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children[node]))
+    return order
+
+
+def renumbered(parents: Sequence[int], order: Sequence[int]) -> list:
+    """The parent list of the same tree with node ``order[k]`` renamed k."""
+    where = {old: new for new, old in enumerate(order)}
+    return [-1] + [where[int(parents[old])] for old in order[1:]]

@@ -19,6 +19,7 @@ from treespec.auto import (
     emitted_chain,
     monotone,
     pick,
+    pick_measured,
     predict,
     tree_ranks,
 )
@@ -69,6 +70,12 @@ def test_per_depth_acceptance_is_conditional():
 def test_tree_ranks_follow_cumulative_logprob_then_creation_order():
     ranks = tree_ranks({0: 0.0, 1: -1.0, 2: -0.5, 3: -0.5, 4: -2.0})
     assert ranks == {2: 0, 3: 1, 1: 2, 4: 3}
+
+
+def test_tree_ranks_break_ties_in_the_rounds_rank_order_not_by_node_index():
+    """A round lists its nodes in rank order; its tree is laid out in
+    first-choice order, so node 3 can be created (and ranked) before node 2."""
+    assert tree_ranks({0: 0.0, 1: -0.1, 3: -0.5, 2: -0.5}) == {1: 0, 3: 1, 2: 2}
 
 
 def test_emitted_by_budget_accepts_the_prefix_of_the_path_inside_the_top_n():
@@ -143,7 +150,7 @@ def test_without_classic_the_cheapest_chain_wins_a_linear_curve():
 def tree_run(curve, accepted, budget, draft_ms, overhead=0.5):
     return {"budget": budget, "width": 4, "records": [path_record(a, budget) for a in accepted],
             "nodes": budget + 1, "verify_ms": curve[budget + 1] + overhead,
-            "draft_ms": draft_ms, "other_ms": 0.5, "steps": budget + 1}
+            "draft_ms": draft_ms, "other_ms": 0.5, "steps": budget}
 
 
 def test_a_tree_that_beats_the_chain_by_the_margin_is_chosen():
@@ -179,7 +186,8 @@ def test_tree_verify_moves_along_the_curve_even_when_chain_rounds_hide_their_ver
     assert cands[7].round_ms == pytest.approx(curve[8] + 0.5 + 4.0 + 0.5)
     assert cands[7].verify_ms == pytest.approx(curve[8])
     assert cands[3].verify_ms == pytest.approx(curve[4])
-    assert cands[3].draft_ms == pytest.approx((4.0 + 0.5) * 4 / 8)
+    # one draft forward per depth: 3 of the measured tree's 7
+    assert cands[3].draft_ms == pytest.approx((4.0 + 0.5) * 3 / 7)
 
 
 def test_a_tree_whose_verify_finished_inside_its_drafting_is_not_predicted_free():
@@ -191,7 +199,9 @@ def test_a_tree_whose_verify_finished_inside_its_drafting_is_not_predicted_free(
     curve = {1: 5.43, 2: 6.46, 3: 7.6, 4: 9.12, 5: 10.85, 6: 11.94, 7: 13.07, 8: 14.48}
     chains = [chain_run(2, [1, 1, 0, 1], 1.40, 6.64), chain_run(8, [3, 7, 2, 5, 1], 3.05, 17.62)]
     tree = {"budget": 7, "width": 4, "records": [path_record(a, 7) for a in (1, 0, 2, 1)],
-            "nodes": 7.8, "verify_ms": 3.10, "draft_ms": 22.63, "other_ms": 0.46, "steps": 8}
+            # steps: 7 forwards, as the per-depth drafter reports for budget 7
+            # (the record's drafter ran 8, root + 7 expansion steps)
+            "nodes": 7.8, "verify_ms": 3.10, "draft_ms": 22.63, "other_ms": 0.46, "steps": 7}
     cands = predict(curve, 4.7, chains, tree, max_block=8)
     trees = {c.budget: c for c in cands if c.kind == "confidence"}
     for n, c in trees.items():
@@ -291,3 +301,27 @@ def test_choose_on_the_trained_pair_returns_a_decodable_choice_with_its_reasons(
     want = decode(target, prompt, mode="classic", max_tokens=8).tokens
     got = decode(target, prompt, draft_model=draft, max_tokens=8, **decode_kwargs(c)).tokens
     assert got == want
+
+
+def test_the_run_off_keeps_the_fastest_measured_finalist_a_tree_by_half_the_margin():
+    """The model ranked chain b=7 first; measured, b=3 is faster and wins
+    (the H200 run at 09249e5 chose b=7 on a prediction tie and ran 0.93x
+    b=3). A tree must beat the best measured chain by half the margin."""
+    b3, b7 = Candidate("chain", block=3, nodes=3), Candidate("chain", block=7, nodes=7)
+    tree = Candidate("fixed", branching=(2, 1, 1), nodes=7)
+    half = 0.05 / 2  # what choose() passes with its default margin
+    assert pick_measured([(b7, 316.0), (b3, 339.0)], half) is b3
+    assert pick_measured([(b3, 339.0), (tree, 345.0)], half) is b3  # 1.8%: within it
+    assert pick_measured([(b3, 339.0), (tree, 350.0)], half) is tree  # 3.2%
+    assert pick_measured([(b7, 339.0), (b3, 339.0)], half) is b3  # a tie: the smaller verify
+
+
+def test_a_candidate_spec_runs_the_candidate():
+    for c in (Candidate("classic"), Candidate("chain", block=4),
+              Candidate("fixed", branching=(2, 1), budget=4),
+              Candidate("confidence", budget=5, width=3)):
+        spec = c.spec()
+        assert spec["kind"] == c.kind
+        assert {k: v for k, v in spec.items() if k != "kind"}.items() <= {
+            "block": c.block, "branching": c.branching, "budget": c.budget,
+            "width": c.width}.items()

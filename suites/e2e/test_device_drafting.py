@@ -20,14 +20,16 @@ SHAPES = {
 
 
 @pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
-def test_a_parent_list_is_kept_in_level_order_so_the_probed_shapes_are_the_verified_trees(
+def test_a_parent_list_is_kept_in_first_choice_order_so_the_probed_shapes_are_the_verified_trees(
         on_device):
     model = helpers.model("llama")
     prompt = list(helpers.tokens(8, seed=2))
     drafter = FixedTreeDrafter(**SHAPES["parents"])
     drafter.on_device = on_device
     drafter.start(model, prompt[:-1])
-    assert drafter.shape == [-1, 0, 0, 1, 2, 1, 3]  # [-1, 0, 1, 2, 0, 4, 1] renumbered
+    # [-1, 0, 1, 2, 0, 4, 1] renumbered in preorder, a node's children in
+    # their given order (by hand: old nodes 0, 1, 2, 3, 6, 4, 5)
+    assert drafter.shape == [-1, 0, 1, 2, 1, 0, 5]
     probed = set(drafter.probe_shapes())
     for limit in (None, 3):
         rnd = drafter.draft(prompt[-1], limit)
@@ -79,10 +81,11 @@ def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():
     drafter = FixedTreeDrafter(branching=[2, 1])
     drafter.start(model, prompt[:-1])
     rnd = drafter.draft(prompt[-1])
-    drafter.commit(rnd, [0, 1, 3])  # node 3: a leaf the draft never fed
-    assert drafter.pending == [rnd.tree.tokens[3]]
+    assert rnd.tree.parents == (-1, 0, 1, 0, 3)  # first-choice order
+    drafter.commit(rnd, [0, 1, 2])  # node 2: a leaf the draft never fed
+    assert drafter.pending == [rnd.tree.tokens[2]]
     assert caches.offset(drafter.cache) == len(prompt) + 1  # + root and node 1
-    tiny = drafter.draft(rnd.tree.tokens[3], limit=0)
+    tiny = drafter.draft(rnd.tree.tokens[2], limit=0)
     drafter.commit(tiny, [0])
     assert len(tiny.tree) == 1 and drafter.pending == []
     assert caches.offset(drafter.cache) == len(prompt) + 3  # + the leaf and the new root
@@ -127,3 +130,107 @@ def test_each_nodes_children_are_the_drafts_best_tokens_best_first(on_device, sh
         logits = np.array(model(mx.array(prompt[:-1] + path)[None])[0, -1].astype(mx.float32))
         best = np.argsort(-logits, kind="stable")[: len(kids)].tolist()
         assert [tree.tokens[i] for i in kids] == best, f"node {node}"
+
+
+def eagle2_reference(model, context, root, budget, width, depth):
+    """EAGLE-2's tree, computed independently: every candidate's draft
+    distribution from a plain forward over the context and its root path,
+    float32 log-softmax, scores summed in float32 (numpy), ranks by numpy.
+    Returns {token path below the root: score} of the kept candidates."""
+    import mlx.core as mx
+    import numpy as np
+
+    def logprobs(path):
+        logits = model(mx.array(context + [root] + path)[None])[0, -1].astype(mx.float32)
+        return np.array(logits - mx.logsumexp(logits))
+
+    def best(scores, k):  # best first, ties to the earlier
+        return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
+
+    lp = logprobs([])
+    frontier = [([int(t)], np.float32(lp[t])) for t in best(list(lp), width)]
+    cands = list(frontier)
+    for _ in range(depth - 1):
+        level = []
+        for path, score in frontier:
+            lp = logprobs(path)
+            level += [(path + [int(t)], np.float32(score + lp[t])) for t in best(list(lp), width)]
+        cands += level
+        frontier = [level[i] for i in best([s for _, s in level], width)]
+    return {tuple(cands[i][0]): float(cands[i][1]) for i in best([s for _, s in cands], budget)}
+
+
+@pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
+@pytest.mark.parametrize("budget, width", [(6, 3), (4, 4), (9, 2)])
+def test_the_confidence_tree_is_eagle2s_per_depth_tree(budget, width, on_device):
+    """Against the independent reference: the same candidates kept, with the
+    same scores, laid out in first-choice order with ``logprobs`` in rank
+    order; round after round (committing through both kinds of path)."""
+    from treespec.draft import ConfidenceDrafter
+
+    model = helpers.model("llama")
+    prompt = list(helpers.tokens(10, seed=9))
+    drafter = ConfidenceDrafter(budget, width=width)
+    drafter.on_device = on_device
+    drafter.start(model, prompt[:-1])
+    text, root = list(prompt[:-1]), prompt[-1]
+    for r in range(3):
+        rnd = drafter.draft(root)
+        tree = rnd.tree
+        got = {}
+        for node in range(1, len(tree)):
+            got[tuple(tree.tokens[i] for i in tree.path_to(node)[1:])] = rnd.logprobs[node]
+        assert got == eagle2_reference(model, text, root, budget, width, depth=budget)
+        ranked = [n for n in rnd.logprobs if n]
+        assert [rnd.logprobs[n] for n in ranked] == sorted(rnd.logprobs[n] for n in ranked)[::-1]
+        assert rnd.forwards == budget
+        path = deepest_path(tree, last_child=r % 2 == 1)
+        drafter.commit(rnd, path)
+        text += [tree.tokens[i] for i in path]  # committed: the root and the path
+        root = helpers.tokens(1, seed=30 + r)[0]  # the target's next token
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_on_a_cache_fed_whole_the_device_round_is_the_host_round(family, shape):
+    """A sliding-window or recurrent draft cache is put back to the round's
+    start before every level and fed the fed tree so far whole, still with
+    no host round trip: the same trees and caches as the host path."""
+    model = helpers.model(family)
+    prompt = list(helpers.tokens(20, seed=3))  # past gemma3's window of 8
+    device, host = FixedTreeDrafter(**shape), FixedTreeDrafter(**shape)
+    host.on_device = False
+    for d in (device, host):
+        d.start(model, prompt[:-1])
+        assert not d.compacting
+    root = prompt[-1]
+    for rnd_no, limit in enumerate([None, None, 2, None]):
+        a, b = device.draft(root, limit), host.draft(root, limit)
+        assert isinstance(a, DeviceRound)
+        assert a.tree == b.tree and a.fed == b.fed and a.fed_tree == b.fed_tree
+        path = deepest_path(a.tree, last_child=rnd_no % 2 == 1)
+        for d, r in ((device, a), (host, b)):
+            d.commit(r, path)
+        assert device.pending == host.pending
+        assert helpers.fingerprint(device.cache) == helpers.fingerprint(host.cache)
+        root = a.tree.tokens[path[-1]]
+
+
+def test_confidence_ties_go_to_the_earlier_created_candidate():
+    """Exact ties (a token of probability 1, equal sums) are ranked by
+    creation order, on the frontier and in the kept set, so a child (created
+    after its parent, never scored above it) can never be kept without it."""
+    import numpy as np
+
+    from treespec.draft.confidence import best_first, build_tree
+
+    scores = np.array([-1.0, -0.5, -0.5, -2.0, -0.5], dtype=np.float32)
+    assert best_first(scores, 4).tolist() == [1, 2, 4, 0]
+    # candidates 0, 1 under the root; 2 under 0 with log-probability 0: all tie
+    args = dict(tokens=[7, 8, 9], scores=[-0.5, -0.5, -0.5], parents=[-1, -1, 0], fed_of={0: 1})
+    tree, fed, logprobs = build_tree(5, budget=2, **args)
+    assert tree.parents == (-1, 0, 0) and tree.tokens == (5, 7, 8)  # the child lost
+    tree, fed, logprobs = build_tree(5, budget=3, **args)
+    # first-choice order: 0, its child 2, then 1; logprobs in rank order 0, 1, 2
+    assert tree.parents == (-1, 0, 1, 0) and tree.tokens == (5, 7, 9, 8)
+    assert fed == [0, 1, -1, -1] and list(logprobs) == [0, 1, 3, 2]

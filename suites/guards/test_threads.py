@@ -59,6 +59,11 @@ class Verifier(threading.Thread):
             self.logits = self.adapter.verify(self.tree, self.cache)
             mx.eval(self.logits)
             self.adapter.commit(self.cache, self.tree, [0, 1, 3])
+            # A commit that moves rows leaves its writes lazy, as mlx-lm's
+            # caches are between steps; MLX binds a lazy array to the stream
+            # of the thread that built it, so a cache handed to another
+            # thread is evaluated first (README, "Threads").
+            mx.eval([c.state for c in self.cache])
         except BaseException as e:  # reported by the test
             self.error = e
 

@@ -8,6 +8,7 @@ module asks ``isinstance`` of a cache:
     offset(c)                 tokens it has seen (None for a recurrent state)
     verify_refusal(c)         why a tree verify cannot write into it now, or None
     key_positions(c)          (offset, history, default window) a tree mask counts with
+    activation_dtype(c)       the dtype an additive tree mask for its attention must have
     grows_in_parts            a drafter may feed a tree in parts and compact in place
     whole_trees_only          a verify must feed a tree in one update
     save(c) / restore(c, s)   put it back exactly as it is now (the drafter, per round)

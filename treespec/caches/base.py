@@ -4,6 +4,8 @@ modes share."""
 
 from typing import Optional
 
+import mlx.core as mx
+
 from ..errors import RollbackRefused
 from ..rows import Tail
 
@@ -64,6 +66,17 @@ class Mode:
         """(offset, history, default window) of the keys a tree verify's
         attention sees in front of the nodes."""
         return c.offset, c.offset, None
+
+    def activation_dtype(self, c):
+        """The dtype of the queries a verify's attention over this cache
+        computes in (that of its stored keys; the scales of quantized ones),
+        or None before anything was stored: an additive tree mask must be of
+        this dtype to be exact (DESIGN.md)."""
+        keys = getattr(c, "keys", None)
+        if keys is None:
+            return None
+        keys = keys[-2] if isinstance(keys, (tuple, list)) else keys  # (packed, scales, biases)
+        return keys.dtype if mx.issubdtype(keys.dtype, mx.floating) else None
 
     def save(self, c):
         raise TypeError(f"the drafter cannot snapshot a {type(c).__name__}")

@@ -4,15 +4,17 @@ and committing the accepted path into it.
 A drafter owns the draft model's cache. Between rounds that cache holds the
 committed text except the root (the last committed token), exactly like the
 target's. Drafting feeds the root and the nodes it expands into the cache;
-``commit`` keeps only the accepted ones (the same ``commit_path`` the target
-uses), and remembers accepted tokens the draft never fed so the next round
-feeds them first.
+``commit`` keeps only accepted ones, and remembers the accepted tokens the
+cache does not keep so the next round feeds them first.
 
 Two ways to keep the draft cache on the accepted path, chosen by cache mode
 (``treespec.caches``): caches of plain time-ordered rows (KVCache,
-QuantizedKVCache) are grown in parts and compacted in place; any other cache
-(sliding window, recurrent) is put back to the round's start and fed the
-accepted tokens in one forward, one small draft forward per round.
+QuantizedKVCache) are grown in parts and, at commit, trimmed to the accepted
+path's longest prefix of the fed order (no row moves, nothing evaluated; the
+accepted nodes past it are fed again with the next root, in the one forward
+the next round starts with anyway); any other cache (sliding window,
+recurrent) is put back to the round's start and fed the accepted tokens in
+one forward, one small draft forward per round.
 """
 
 from dataclasses import dataclass, field
@@ -23,7 +25,6 @@ import mlx.core as mx
 from .. import caches, kv as kv_caches
 from ..models import PREFILL_STEP, prefill
 from ..options import KVOptions
-from ..rollback import commit_path
 from ..tree import DraftTree
 from ..verify import adapter_for
 
@@ -33,7 +34,7 @@ class Round(Protocol):
 
     tree: DraftTree  # tokens and topology (reading it may wait for the device)
     topology: DraftTree  # the topology alone: what the verify forward is built on
-    device_tokens: Optional[mx.array]  # every node's token, lazy; None: tree.tokens
+    device_tokens: Optional[mx.array]  # every node's token, maybe lazy; None: tree.tokens
     fed: List[int]  # tree node -> fed-tree node, -1 when the draft never saw it
     offset: int  # draft cache length before the round
     fed_tree: DraftTree  # what the draft cache holds past ``offset``, in order
@@ -61,45 +62,53 @@ class DraftRound:
 class DeviceRound:
     """A round whose draft tokens may still be computing on the device.
 
-    The drafter knew the topology (``parents``) and which nodes it fed
-    (``fed``) before any token value: a chain, or a fixed shape whose children
-    are the draft's top-k. ``device_tokens`` (all nodes, lazy) is what the
-    round loop builds the target's verify on, so drafting and verifying are
-    evaluated as one graph (mlx-lm's structure for chains): the host neither
-    waits for the drafts nor leaves the device idle while it builds the
-    verify graph. ``tree`` reads the tokens (waiting for them) on first use."""
+    The drafter knew the topology (``topology``: a DraftTree of placeholder
+    tokens, validated once per shape) and which nodes it fed (``fed``) before
+    any token value: a chain, or a fixed shape whose children are the
+    draft's top-k. ``device_tokens`` (all nodes, lazy) is what the round loop
+    builds the target's verify on, so drafting and verifying are evaluated as
+    one graph (mlx-lm's structure for chains): the host neither waits for the
+    drafts nor leaves the device idle while it builds the verify graph.
+    ``tree`` reads the tokens (waiting for them) on first use."""
 
-    def __init__(self, root: int, parents: Sequence[int], drafts: Optional[mx.array],
+    def __init__(self, root: int, topology: DraftTree, drafts: Optional[mx.array],
                  fed: List[int], offset: int, forwards: int):
-        self.root, self.parents, self.offset = root, list(parents), offset
-        self.fed, self.forwards, self.logprobs = list(fed), forwards, {}
+        self.root, self.topology, self.offset = root, topology, offset
+        self.fed, self.forwards, self.logprobs = fed, forwards, {}
         self._drafts, self._tree = drafts, None
+        # The topology's tokens are placeholders: the verify always takes these.
         self.device_tokens = (
-            None if drafts is None
+            mx.array([root], dtype=mx.uint32) if drafts is None
             else mx.concatenate([mx.array([root], dtype=drafts.dtype), drafts])
         )
 
     @property
-    def topology(self) -> DraftTree:
-        return DraftTree([self.root] * len(self.parents), self.parents)
+    def parents(self) -> tuple:
+        return self.topology.parents
 
     @property
     def tree(self) -> DraftTree:
         if self._tree is None:
             drafts = [] if self._drafts is None else self._drafts.tolist()
-            self._tree = DraftTree([self.root] + drafts, self.parents)
+            self._tree = self.topology.with_tokens([self.root] + drafts)
         return self._tree
 
     @property
     def fed_tree(self) -> DraftTree:
         """What the draft cache holds past ``offset``: the fed nodes, in the
         order they were fed (the root alone when nothing was)."""
-        order = sorted((f, i) for i, f in enumerate(self.fed) if f >= 0)
-        if not order:
-            return DraftTree([self.root], [-1])
-        tokens = self.tree.tokens
-        return DraftTree([tokens[i] for _, i in order],
-                         [-1 if i == 0 else self.fed[self.parents[i]] for _, i in order])
+        return fed_tree_of(self.tree, self.fed)
+
+
+def fed_tree_of(tree: DraftTree, fed: Sequence[int]) -> DraftTree:
+    """The fed nodes of ``tree`` (``fed[i]``: node i's fed index, -1 if never
+    fed), in the order they were fed."""
+    order = sorted((f, i) for i, f in enumerate(fed) if f >= 0)
+    if not order:
+        return DraftTree([tree.tokens[0]], [-1])
+    tokens, parents = tree.tokens, tree.parents
+    return DraftTree([tokens[i] for _, i in order],
+                     [-1 if i == 0 else fed[parents[i]] for _, i in order])
 
 
 def logprobs_of(logits: mx.array) -> mx.array:
@@ -172,14 +181,26 @@ class Drafter:
     def draft(self, root: int, limit: Optional[int] = None) -> Round:
         """Grow this round's tree below ``root``. ``limit`` caps the number
         of draft nodes (the round loop shrinks it near max_tokens)."""
-        self._feed(self.pending)
-        self.pending = []
-        self._round_offset = self._offset()
-        self._saved = self._save()
+        self._lead = self._start_round()
         self._fed_tree = DraftTree([root], [-1])
         self._logits, self._top, self._forwards = {}, {}, 0
         self._expand([0])  # the root's distribution
         return self._grow(root, limit)
+
+    def _start_round(self) -> List[int]:
+        """Take the pending tokens; return those to feed in front of the
+        root. A growing cache takes them in the root's forward (one forward,
+        as mlx-lm feeds an accepted last draft with the next token); a cache
+        that must be put back to the round's start is fed them first, then
+        saved. Sets ``_round_offset``, where the root's row lands."""
+        pending, self.pending = self.pending, []
+        if self.compacting:
+            self._round_offset, self._saved = self._offset() + len(pending), None
+            return pending
+        self._feed(pending)
+        self._round_offset = self._offset()
+        self._saved = self._save()
+        return []
 
     def _expand(self, fed_nodes: List[int]):
         """Run the draft model over the newest fed-tree nodes; their
@@ -190,7 +211,9 @@ class Drafter:
         self._forwards += 1
         if tree.is_linear():
             # A chain is a plain forward: exactly mlx-lm's draft step.
-            logits = self.model(mx.array(tree.tokens[start:])[None], cache=self.cache)[0]
+            lead = self._lead if start == 0 else []
+            tokens = mx.array(lead + list(tree.tokens[start:]))
+            logits = self.model(tokens[None], cache=self.cache)[0, len(lead):]
         elif self.compacting:
             logits = self.adapter.verify(tree, self.cache, start=start)
         else:
@@ -222,24 +245,34 @@ class Drafter:
         raise NotImplementedError
 
     def commit(self, rnd: Round, path: Sequence[int]):
-        """Keep the accepted path in the draft cache; queue what it missed."""
+        """Keep the accepted path in the draft cache; queue what it missed.
+
+        Growing caches keep the rows of the path's longest prefix of the fed
+        order (rows ``offset ..`` hold the fed nodes in fed order, so that
+        prefix already sits where a forward over the path would have written
+        it): the commit is a trim, whatever the tree. The accepted nodes past
+        it (a branch, or a level fed after a sibling's subtree, or never fed)
+        are committed text the draft must see: they go in with the next root,
+        in the forward every round starts with."""
+        tokens, parents = rnd.tree.tokens, rnd.tree.parents
+        if not path or path[0] != 0 or any(
+                not 0 < b < len(parents) or parents[b] != a for a, b in zip(path, path[1:])):
+            raise ValueError(f"path {list(path)} is not a root path of the round's tree "
+                             f"(parents {list(parents)})")
         if not self.compacting:
             self._restore()
-            self.pending = [rnd.tree.tokens[n] for n in path]
+            self.pending = [tokens[n] for n in path]
             return
-        self._commit_fed(rnd, path)
-        self._quantize(self.cache)  # where mlx-lm's draft steps quantize, between rounds
-
-    def _commit_fed(self, rnd: Round, path: Sequence[int]):
-        fed_path = []
+        fed, kept = rnd.fed, 0
         for node in path:
-            if rnd.fed[node] < 0:
+            if fed[node] != kept:
                 break
-            fed_path.append(rnd.fed[node])
-        if fed_path:  # a round that fed nothing (a root-only chain) left the cache as it was
-            commit_path(self.cache, rnd.offset, fed_path, rnd.fed_tree)
-        # Accepted nodes the draft never fed are committed text it must see.
-        self.pending = [rnd.tree.tokens[n] for n in path[len(fed_path):]]
+            kept += 1
+        for c in self.cache:
+            # Appending caches: rows past offset are never read (caches.attention)
+            caches.mode_of(c).restore(c, rnd.offset + kept)
+        self.pending = [tokens[n] for n in path[kept:]]
+        self._quantize(self.cache)  # where mlx-lm's draft steps quantize, between rounds
 
     def describe(self) -> dict:
         return {"kind": self.kind}

@@ -1,26 +1,87 @@
-"""The confidence-driven tree drafter (EAGLE-2 style): grow by cumulative
-draft log-probability and keep the ``budget`` best nodes."""
+"""The confidence-driven tree drafter (EAGLE-2's dynamic tree): grow by
+cumulative draft log-probability, one draft forward per depth, and keep the
+``budget`` best candidates.
 
-import heapq
+The definition (what both paths below compute; suites/e2e pins them equal):
+
+- score: a candidate's cumulative draft log-probability, a float32 sum along
+  its path of the float32 log-softmax of the draft's logits;
+- depth 1: the root's ``width`` best children are the candidates, and all of
+  them are the frontier;
+- depth d + 1 (d = 1 .. depth - 1): every frontier node of depth d offers its
+  ``width`` best children, ``width**2`` candidates; the new frontier is their
+  ``width`` best (score, ties to the earlier created);
+- creation order: depth by depth; within a depth, by the frontier rank of the
+  parent, then the child's rank;
+- the tree: the ``budget`` best candidates of all depths (score, ties to the
+  earlier created). A child's score never exceeds its parent's and it is
+  created later, so the set is ancestor-closed.
+
+``depth`` defaults to the budget (the deepest a budget-node tree can reach),
+so drafting costs one draft forward per depth, as a chain of that depth (the
+root's forward and one per frontier). A budget-n tree is the top n of a
+budget-N tree's candidates for n <= N (a node of depth k needs k nodes, and
+the candidates of depth <= n do not depend on deeper ones): what treespec.auto
+reads off one calibration budget.
+
+On a growing draft cache the whole round stays on the device (each frontier's
+ancestry mask and positions built there) and one evaluation reads the
+candidates back; other caches (sliding window, recurrent) take the host path,
+one evaluation per depth. The tree is laid out in first-choice order
+(treespec.tree.first_choice_order) and ``logprobs`` lists its nodes in rank
+order.
+"""
+
 import random
-from typing import Optional
+from typing import List, Optional
+
+import mlx.core as mx
+import numpy as np
 
 from ..checks import integer
 from ..gate import shapes_for
 from ..tree import DraftTree
-from .base import DraftRound
+from ..verify.attention import injected
+from .base import DraftRound, logprobs_of, top_ids
 from .fixed import _TopKTree
 
 
-class ConfidenceDrafter(_TopKTree):
-    """EAGLE-2 style: grow by cumulative draft log-probability.
+def build_tree(root: int, tokens: List[int], scores: List[float], parents: List[int],
+               fed_of: dict, budget: int):
+    """The ``budget`` best candidates as a tree in first-choice order.
 
-    Each step expands the ``width`` frontier nodes with the highest
-    cumulative log-probability in one draft forward, offering each one's
-    top-``width`` children; after ``depth`` steps the ``budget`` best
-    candidates form the tree. Cumulative log-probability falls along a
-    path, so the best ``budget`` nodes (ties broken by creation order)
-    always include their ancestors: the result is a tree."""
+    Candidates are in creation order: ``tokens[c]``, ``scores[c]``,
+    ``parents[c]`` (a candidate index, -1 for the root); ``fed_of[c]`` the
+    fed index of a candidate the draft fed. Returns (tree, fed, logprobs)."""
+    ranked = sorted(range(len(tokens)), key=lambda c: (-scores[c], c))[:budget]
+    children = {-1: []}
+    for c in ranked:  # in rank order: every node's children best first
+        children.setdefault(parents[c], []).append(c)
+        children.setdefault(c, [])
+    order, stack = [], [-1]
+    while stack:
+        c = stack.pop()
+        order.append(c)
+        stack.extend(reversed(children[c]))
+    where = {c: k for k, c in enumerate(order)}
+    tree = DraftTree([root] + [tokens[c] for c in order[1:]],
+                     [-1] + [where[parents[c]] for c in order[1:]])
+    fed = [0] + [fed_of.get(c, -1) for c in order[1:]]
+    logprobs = {0: 0.0}
+    for c in ranked:
+        logprobs[where[c]] = scores[c]
+    return tree, fed, logprobs
+
+
+def best_first(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` best scores, best first, ties to the lower index."""
+    return np.lexsort((np.arange(scores.size), -scores))[:k]
+
+
+class ConfidenceDrafter(_TopKTree):
+    """EAGLE-2 style: per depth, expand the ``width`` best candidates of that
+    depth in one draft forward; keep the ``budget`` best of all (the module
+    docstring has the exact definition)."""
 
     kind = "confidence"
 
@@ -29,8 +90,15 @@ class ConfidenceDrafter(_TopKTree):
         budget, width = integer(budget, "budget"), integer(width, "width")
         if budget < 0 or width < 1:
             raise ValueError(f"need budget >= 0 and width >= 1, got {budget}, {width}")
+        if depth is not None and depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
         self._budget, self.width = budget, width
         self.depth = integer(depth, "depth", 1) if depth is not None else max(1, budget)
+
+    # Children are the draft's top-k and the frontier its best candidates,
+    # functions of the logits alone: drafted on the device where the cache
+    # grows in parts.
+    on_device = True
 
     def budget(self) -> int:
         return self._budget
@@ -38,49 +106,136 @@ class ConfidenceDrafter(_TopKTree):
     def _top_needed(self) -> int:
         return self.width
 
-    def _grow(self, root, limit) -> DraftRound:
+    def _sizes(self, limit):
         budget = self._budget if limit is None else min(self._budget, limit)
-        # candidates: (cum_logprob, order, parent_candidate, token); 0 is root.
-        cands = [(0.0, 0, -1, root)]
-        fed_of = {0: 0}
-        frontier = [0]
-        for _ in range(self.depth):
-            if budget == 0:
-                break
-            for c in frontier:
-                for tok, lp in self._children(fed_of[c], self.width):
-                    cands.append((cands[c][0] + lp, len(cands), c, tok))
-            # Expand the best unexpanded candidates that could still make it.
-            best = sorted(self._best(cands, budget), key=lambda i: (-cands[i][0], i))
-            frontier = [c for c in best if c not in fed_of][: self.width]
-            if not frontier:
-                break
+        return budget, min(self.depth, budget)
+
+    def draft(self, root: int, limit: Optional[int] = None):
+        budget, depth = self._sizes(limit)
+        if self.on_device and self.compacting and budget > 0:
+            return self._draft_on_device(root, budget, depth)
+        return super().draft(root, limit)
+
+    # -- the host path: one evaluation per depth -----------------------------
+    def _grow(self, root, limit) -> DraftRound:
+        budget, depth = self._sizes(limit)
+        tokens, scores, parents, fed_of = [], [], [], {}
+        if budget == 0:
+            return DraftRound(DraftTree([root], [-1]), [0], self._round_offset,
+                              self._fed_tree, {0: 0.0}, forwards=self._forwards)
+        frontier = []  # candidate indices, best first
+        w = min(self.width, len(self._top[0]))  # a vocabulary smaller than the width
+        for tok, lp in self._children(0, w):
+            frontier.append(len(tokens))
+            tokens.append(tok), scores.append(np.float32(lp)), parents.append(-1)
+        for _ in range(depth - 1):
             first = len(self._fed_tree)
-            for c in sorted(frontier):
-                fed_of[c] = self._fed_tree.push_child(fed_of[cands[c][2]], cands[c][3])
-            frontier = sorted(frontier)
+            for c in frontier:
+                fed_of[c] = self._fed_tree.push_child(
+                    0 if parents[c] < 0 else fed_of[parents[c]], tokens[c])
             self._expand(list(range(first, len(self._fed_tree))))
-        keep = sorted(self._best(cands, budget))
-        index = {0: 0}
-        tree = DraftTree([root], [-1])
-        fed = [0]
-        logprobs = {0: 0.0}
-        for c in keep:
-            index[c] = tree.push_child(index[cands[c][2]], cands[c][3])
-            fed.append(fed_of.get(c, -1))
-            logprobs[index[c]] = cands[c][0]
+            level = []
+            for c in frontier:
+                for tok, lp in self._children(fed_of[c], w):
+                    level.append(len(tokens))
+                    # float32 arithmetic, as the device path sums
+                    tokens.append(tok), scores.append(scores[c] + np.float32(lp))
+                    parents.append(c)
+            level_scores = np.array([scores[c] for c in level], dtype=np.float32)
+            frontier = [level[i] for i in best_first(level_scores, w)]
+        tree, fed, logprobs = build_tree(root, tokens, [float(x) for x in scores], parents,
+                                         fed_of, budget)
         return DraftRound(tree, fed, self._round_offset, self._fed_tree, logprobs,
                           forwards=self._forwards)
 
-    @staticmethod
-    def _best(cands, budget):
-        """Indices of the ``budget`` best non-root candidates.
+    # -- the device path: one evaluation per round ---------------------------
+    def _draft_on_device(self, root: int, budget: int, depth: int) -> DraftRound:
+        """The host path's tree with no host round trip per depth: the
+        frontier (tokens, scores, which parent) stays on the device; each
+        depth's forward feeds it with its ancestry mask (history, the root,
+        one ancestor per earlier depth, itself) and the position of its
+        depth; one evaluation at the end reads every candidate back."""
+        owners = self.adapter.check(DraftTree([root, root], [-1, 0]), self.cache)
+        lead = self._start_round()
+        offset = self._round_offset
+        w = self.width
+        logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
+        lp = logprobs_of(logits)
+        ids = top_ids(lp, w)
+        w = ids.shape[-1]  # a vocabulary smaller than the width
+        f_tok, f_score = ids[0], mx.take_along_axis(lp, ids, axis=-1)[0]
+        f_cand = mx.arange(w, dtype=mx.int32)  # the frontier's candidates, best first
+        # The frontier's ancestors among the fed rows (the root, then w rows
+        # per earlier depth): at depth 1, the root.
+        f_anc = mx.ones((w, 1), dtype=mx.bool_)
+        tokens, scores = [f_tok], [f_score]
+        parents, frontiers = [mx.full((w,), -1, dtype=mx.int32)], []
+        eye = mx.eye(w, dtype=mx.bool_)
+        slot_of_child = mx.arange(w * w, dtype=mx.int32) // w
+        # a level's w*w candidates in creation order: [i, j] is j < i
+        earlier = mx.arange(w * w)[None, :] < mx.arange(w * w)[:, None]
+        count = w
+        for d in range(1, depth):
+            frontiers.append(f_cand)
+            mask = mx.concatenate([f_anc, eye], axis=1)  # ... and itself
+            logits = self._forward_frontier(f_tok, mask, offset, d, 1 + (d - 1) * w, owners)
+            lp = logprobs_of(logits)
+            ids = top_ids(lp, w)
+            level_score = (f_score[:, None] + mx.take_along_axis(lp, ids, axis=-1)).reshape(-1)
+            level_tok = ids.reshape(-1)
+            level_parent = mx.repeat(f_cand, w)
+            tokens.append(level_tok), scores.append(level_score), parents.append(level_parent)
+            # The w best of the level, ties to the earlier created: rank each
+            # candidate by how many beat it, then take ranks 0 .. w-1.
+            s = level_score
+            beats = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & earlier)
+            pick = mx.argsort(beats.sum(axis=1))[:w].astype(mx.int32)
+            f_anc = mx.take(mask, mx.take(slot_of_child, pick), axis=0)
+            f_tok, f_score = mx.take(level_tok, pick), mx.take(level_score, pick)
+            f_cand = count + pick
+            count += w * w
+            mx.async_eval(f_tok, f_score, f_anc)
+        flat_tok = mx.concatenate(tokens)
+        flat_score = mx.concatenate(scores)
+        flat_parent = mx.concatenate(parents)
+        fed_cands = mx.concatenate(frontiers) if frontiers else mx.zeros((0,), mx.int32)
+        mx.eval(flat_tok, flat_score, flat_parent, fed_cands)
+        fed_of = {c: 1 + k for k, c in enumerate(fed_cands.tolist())}
+        tree, fed, logprobs = build_tree(root, flat_tok.tolist(), flat_score.tolist(),
+                                         flat_parent.tolist(), fed_of, budget)
+        fed_tree = _fed_tree(root, flat_tok.tolist(), flat_parent.tolist(), fed_of)
+        return DraftRound(tree, fed, offset, fed_tree, logprobs, forwards=depth)
 
-        Ranked by (-cumulative logprob, creation order): a child's cumulative
-        logprob never exceeds its parent's and it is created later, so its
-        parent always ranks ahead of it and the set is ancestor-closed."""
-        return set(heapq.nsmallest(budget, range(1, len(cands)),
-                                   key=lambda i: (-cands[i][0], i)))
+    def _forward_frontier(self, tokens: mx.array, mask: mx.array, offset: int, d: int,
+                          fed_before: int, owners) -> mx.array:
+        """One draft forward over a frontier of depth ``d`` (its nodes all at
+        position ``offset + d``), continuing the cache past its ``fed_before``
+        fed rows: each node sees the history and ``mask``'s fed rows."""
+        n = tokens.shape[0]
+        history = offset
+        # The model hands its rope the cache offset (offset + fed rows);
+        # every node of this frontier sits at offset + d.
+        depths = mx.full((n,), d - fed_before, dtype=mx.int32)
+
+        def mask_fn(cache, N, window):
+            if N != n:
+                raise RuntimeError(f"make_mask asked for {N} queries, the frontier feeds {n}")
+            if window is not None:
+                # Counted in positions, as DraftTree.mask_np: the fed rows
+                # sit at offset + their depth.
+                kdepth = np.concatenate([[0]] + [[k] * n for k in range(1, d)]
+                                        + [[d] * n]).astype(np.int64)
+                kpos = np.concatenate([np.arange(offset - history, offset), offset + kdepth])
+                near = mx.array((offset + d) - kpos < window)[None, :]
+                hist = mx.ones((n, history), dtype=mx.bool_)
+                return mx.concatenate([hist, mask], axis=1) & near
+            return mx.concatenate([mx.ones((n, history), dtype=mx.bool_), mask], axis=1)
+
+        with injected(self.model, self.cache, depths, mask_fn, self.adapter.family.rope_attr,
+                      owners) as probe:
+            logits = self.model(tokens[None], cache=self.cache)[0]
+            probe()
+        return logits
 
     def describe(self):
         return {"kind": self.kind, "budget": self._budget, "width": self.width,
@@ -101,3 +256,11 @@ class ConfidenceDrafter(_TopKTree):
                 parents.append(rng.choice(options))
             shapes.append(tuple(parents))
         return shapes
+
+
+def _fed_tree(root, tokens, parents, fed_of) -> DraftTree:
+    """The fed tree of a device round: the root, then the fed candidates in
+    fed order."""
+    order = sorted(fed_of, key=fed_of.get)
+    return DraftTree([root] + [tokens[c] for c in order],
+                     [-1] + [0 if parents[c] < 0 else fed_of[parents[c]] for c in order])

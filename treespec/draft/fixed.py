@@ -1,6 +1,13 @@
 """Fixed-topology tree drafters (SpecInfer / Medusa style): the draft's
 top-k children at each depth, k from a list of branching factors, or an
-explicit parent list filled with the top-ranked children in node order."""
+explicit parent list filled with the top-ranked children in node order.
+
+Layout: the shape is kept in first-choice order (treespec.tree
+``first_choice_order``): every node's best child right after it, so the path
+of first choices is a prefix of the verified block and a round that accepts
+it moves no cache row at commit. The draft feeds the shape level by level,
+one draft forward per depth (its internal nodes at that depth in one batch).
+"""
 
 from collections import Counter
 from typing import List, Optional, Sequence
@@ -9,7 +16,7 @@ import mlx.core as mx
 
 from ..checks import integer
 from ..gate import shapes_for
-from ..tree import DraftTree
+from ..tree import DraftTree, first_choice_order, renumbered
 from .base import DeviceRound, DraftRound, Drafter, Round, logprobs_of, top_ids
 
 
@@ -25,10 +32,47 @@ class _TopKTree(Drafter):
         return top[:k]
 
 
+class _Plan:
+    """Everything about drafting the first ``n`` nodes of a shape that does
+    not depend on token values, built once: the topology, each node's rank
+    among its siblings, the nodes each level's forward feeds (its internal
+    nodes, in node order) and the fed tree they form, and where each node's
+    token sits among the fed nodes' top-k ids."""
+
+    def __init__(self, shape: Sequence[int], kmax: int):
+        n = len(shape)
+        self.topology = DraftTree([0] * n, shape)
+        depths = self.topology.depths()
+        self.rank, seen = [0] * n, Counter()
+        for i in range(1, n):
+            self.rank[i], seen[shape[i]] = seen[shape[i]], seen[shape[i]] + 1
+        internal = set(shape[1:])
+        self.fed, fed_parents = [0] + [-1] * (n - 1), [-1]
+        self.levels = []  # (depth nodes, fed nodes, fed tree so far, its start)
+        for d in range(1, int(depths.max()) + 1 if n > 1 else 1):
+            nodes = [i for i in range(1, n) if depths[i] == d]
+            expand = [i for i in nodes if i in internal]
+            start = len(fed_parents)
+            for i in expand:
+                self.fed[i] = len(fed_parents)
+                fed_parents.append(self.fed[shape[i]])
+            part = DraftTree([0] * len(fed_parents), fed_parents) if expand else None
+            self.levels.append((nodes, expand, part, start))
+        self.fed_topology = DraftTree([0] * len(fed_parents), fed_parents)
+        # Node i's token: rank(i)-th best of its parent's row of top-k ids,
+        # the parent's row being its fed index in the flat list of all rows.
+        where = [self.fed[shape[i]] * kmax + self.rank[i] for i in range(1, n)]
+        self.where = {i: w for i, w in zip(range(1, n), where)}
+        self.gather_all = mx.array(where, dtype=mx.int32) if where else None
+        self.gather_level = [mx.array([self.where[i] for i in expand], dtype=mx.int32)
+                             if expand else None for _, expand, _, _ in self.levels]
+
+
 class FixedTreeDrafter(_TopKTree):
     """A fixed topology: ``branching[d]`` children for every node at depth d
     (top-k of the draft), or an explicit parent list whose shape is filled
-    with the top-ranked children in node order."""
+    with the top-ranked children in node order (a node's k-th child is its
+    k-th best token)."""
 
     kind = "fixed"
 
@@ -50,22 +94,27 @@ class FixedTreeDrafter(_TopKTree):
                         parents.append(p)
                         nxt.append(len(parents) - 1)
                 level = nxt
-        # Validate the shape once, with placeholder tokens; keep it in level
-        # order, the order a round's tree is built in, so that the shapes the
-        # gate probes (prefixes of it) are the trees verified.
-        depths = DraftTree([0] * len(parents), parents).depths()
-        order = sorted(range(len(parents)), key=lambda i: (depths[i], i))
-        where = {node: k for k, node in enumerate(order)}
-        self.shape = [-1] + [where[parents[i]] for i in order[1:]]
+        # Validate the shape once, with placeholder tokens; keep it in
+        # first-choice order, the order a round's tree is verified in, so
+        # that the shapes the gate probes (prefixes of it) are the trees
+        # verified.
+        parents = list(DraftTree([0] * len(parents), parents).parents)
+        self.shape = renumbered(parents, first_choice_order(parents))
         self.branching = list(branching) if branching is not None else None
         # The most children any node has: how many top tokens each expansion fetches.
         self._kmax = max(Counter(self.shape[1:]).values(), default=1)
+        self._plans = {}
 
     def budget(self) -> int:
         return len(self.shape) - 1
 
     def _top_needed(self) -> int:
         return self._kmax
+
+    def _plan(self, n: int) -> _Plan:
+        if n not in self._plans:
+            self._plans[n] = _Plan(self.shape[:n], self._kmax)
+        return self._plans[n]
 
     # Children are the draft's top-k, a function of the logits alone: the
     # whole tree can be drafted on the device (SampledTreeDrafter draws its
@@ -74,51 +123,47 @@ class FixedTreeDrafter(_TopKTree):
 
     def draft(self, root: int, limit: Optional[int] = None) -> Round:
         n = len(self.shape) if limit is None else min(len(self.shape), limit + 1)
-        if self.on_device and self.compacting and n > 1:
-            return self._draft_on_device(root, self.shape[:n])
+        if self.on_device and n > 1:
+            return self._draft_on_device(root, self._plan(n))
         return super().draft(root, limit)
 
-    def _draft_on_device(self, root: int, shape: List[int]) -> DeviceRound:
-        """The same tree as ``_grow``, with no host round trip per level: each
-        level's tokens are gathered from its parents' device top-k, and the
-        level's internal nodes are fed (continuing the cache: tree-injected,
-        or a plain forward while they form a chain, as a spine's do) on those
-        lazy tokens. Caches that must be restored to grow a tree in
-        parts (sliding window, recurrent) take the host path."""
-        first, self.pending = self.pending + [root], []
-        offset = self._offset() + len(first) - 1
-        depths = DraftTree([0] * len(shape), shape).depths()
-        internal = set(shape[1:])
-        logits = self.model(mx.array(first)[None], cache=self.cache)[0, -1:]
-        top = {0: self._device_top(logits)[0]}
-        mx.async_eval(top[0])
-        fed, fed_parents, token, forwards = [0] + [-1] * (len(shape) - 1), [-1], {}, 1
-        for d in range(1, int(depths.max()) + 1):
-            level = [i for i in range(1, len(shape)) if depths[i] == d]
-            rank = {}
-            for i in level:  # the r-th child of a node is its r-th best token
-                r = rank.get(shape[i], 0)
-                rank[shape[i]] = r + 1
-                token[i] = top[shape[i]][r : r + 1]
-            expand = [i for i in level if i in internal]
-            if expand:
-                forwards += 1
-                start = len(fed_parents)
-                for i in expand:
-                    fed[i] = len(fed_parents)
-                    fed_parents.append(fed[shape[i]])
-                logits = self.adapter.verify(
-                    DraftTree([0] * len(fed_parents), fed_parents), self.cache, start=start,
-                    tokens=mx.concatenate([token[i] for i in expand]))
-                level_top = self._device_top(logits)
-                # Started now, as the chain starts each draft: the device runs
-                # this level while the host builds the next one.
-                mx.async_eval(level_top)
-                for node, order in zip(expand, level_top):
-                    top[node] = order
-        drafts = mx.concatenate([token[i] for i in range(1, len(shape))])
-        # The shape is in level order.
-        return DeviceRound(root, shape, drafts, fed, offset, forwards=forwards)
+    def _draft_on_device(self, root: int, plan: _Plan) -> DeviceRound:
+        """The same tree as ``_grow``, with no host round trip: one draft
+        forward per level, on the lazy tokens of that level's internal nodes,
+        gathered in one op from the fed nodes' device top-k. A growing cache
+        continues the fed tree (tree-injected, or a plain forward while the
+        fed nodes form a chain, as a spine's do); a cache that must take a
+        tree whole (sliding window, recurrent) is put back to the round's
+        start and fed the fed tree so far again, still one forward a level."""
+        lead = self._start_round()
+        offset = self._round_offset
+        kmax = self._kmax
+        logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
+        flat = self._device_top(logits).reshape(-1)  # the fed nodes' top-k ids, row by row
+        mx.async_eval(flat)
+        fed_tokens = mx.array([root], dtype=flat.dtype)
+        forwards = 1
+        for (_, expand, part, start), gather in zip(plan.levels, plan.gather_level):
+            if not expand:
+                continue
+            forwards += 1
+            tokens = mx.take(flat, gather)
+            if not self.compacting:
+                fed_tokens = mx.concatenate([fed_tokens, tokens])
+            if self.compacting:
+                logits = self.adapter.verify(part, self.cache, start=start, tokens=tokens)
+            elif part.is_linear():  # still a chain: plain decoding continues it
+                logits = self.model(tokens[None], cache=self.cache)[0]
+            else:
+                self._restore()
+                logits = self.adapter.verify(part, self.cache, tokens=fed_tokens)[start:]
+            level_top = self._device_top(logits)
+            # Started now, as the chain starts each draft: the device runs
+            # this level while the host builds the next one.
+            mx.async_eval(level_top)
+            flat = mx.concatenate([flat, level_top.reshape(-1)])
+        drafts = mx.take(flat, plan.gather_all)
+        return DeviceRound(root, plan.topology, drafts, plan.fed, offset, forwards=forwards)
 
     def _device_top(self, logits: mx.array) -> mx.array:
         """Per row, the ``_kmax`` best token ids, best first: ``_expand``'s
@@ -126,28 +171,19 @@ class FixedTreeDrafter(_TopKTree):
         return top_ids(logprobs_of(logits), self._kmax)
 
     def _grow(self, root, limit) -> DraftRound:
-        shape = self.shape
-        n = len(shape) if limit is None else min(len(shape), limit + 1)
-        depths = DraftTree([0] * len(shape), shape).depths()[:n]
-        tree = DraftTree([root], [-1])
-        index = {0: 0}  # shape node -> tree node (the tree is in level order)
-        fed = [0]  # tree node -> fed-tree node, -1 if never fed
-        for d in range(1, int(depths.max()) + 1):
-            level = [i for i in range(1, n) if depths[i] == d]
-            # One draft forward expands every parent of this level.
-            new = sorted({index[shape[i]] for i in level if fed[index[shape[i]]] < 0})
-            if new:
+        n = len(self.shape) if limit is None else min(len(self.shape), limit + 1)
+        plan, shape = self._plan(n), self.shape
+        tokens, fed = [root] + [0] * (n - 1), [0] + [-1] * (n - 1)
+        for nodes, expand, _, _ in plan.levels:
+            for i in nodes:  # the r-th child of a node is its r-th best token
+                r = plan.rank[i]
+                tokens[i] = self._children(fed[shape[i]], r + 1)[r][0]
+            if expand:  # one draft forward expands this level's internal nodes
                 first = len(self._fed_tree)
-                for t in new:
-                    fed[t] = self._fed_tree.push_child(fed[tree.parents[t]], tree.tokens[t])
+                for i in expand:
+                    fed[i] = self._fed_tree.push_child(fed[shape[i]], tokens[i])
                 self._expand(list(range(first, len(self._fed_tree))))
-            rank = {}
-            for i in level:
-                p = index[shape[i]]
-                rank[p] = rank.get(p, 0) + 1
-                tok, _ = self._children(fed[p], rank[p])[rank[p] - 1]
-                index[i] = tree.push_child(p, tok)
-                fed.append(-1)
+        tree = plan.topology.with_tokens(tokens)
         return DraftRound(tree, fed, self._round_offset, self._fed_tree, forwards=self._forwards)
 
     def describe(self):

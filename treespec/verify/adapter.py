@@ -313,4 +313,5 @@ def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None)
         raise TreeRefused(model_type(model), why)
     adapter = TreeAdapter(model, family, recurrent, found)
     adapter.check_model()
+    adapter.vocab()  # read off a forward here, once, not inside a round's verify
     return adapter

@@ -106,8 +106,15 @@ def rope_by_node(rope, x: mx.array, offset, depths: mx.array, **kwargs) -> mx.ar
             f"tree rope got {T} tokens for a tree of {depths.size} nodes: this "
             "model calls its rope on something other than the verify tokens"
         )
+    return rope_at(rope, x, node_positions(offset, depths, B), **kwargs)
+
+
+def rope_at(rope, x: mx.array, positions: mx.array, **kwargs) -> mx.array:
+    """``rope`` on ``x`` (B, H, T, D) with token t of batch row b at
+    ``positions[b * T + t]``: tokens on the batch axis, one offset each."""
+    B, H, T, D = x.shape
     flat = x.transpose(0, 2, 1, 3).reshape(B * T, H, 1, D)
-    out = rope(flat, offset=node_positions(offset, depths, B), **kwargs)
+    out = rope(flat, offset=positions, **kwargs)
     return out.reshape(B, T, H, D).transpose(0, 2, 1, 3)
 
 
@@ -119,10 +126,13 @@ class TreeRoPE(nn.Module):
     thread but the verifying one it is the rope it stands in for: a plain
     forward of the model there sees the model unpatched."""
 
-    def __init__(self, rope, depths: mx.array):
+    def __init__(self, rope, depths: mx.array, positions: Optional[dict] = None):
         super().__init__()
         self.inner = rope
         self._depths = depths  # leading underscore: not a parameter
+        # offset -> positions, shared by every rope of one forward (each
+        # layer's queries and keys take the same int offset)
+        self._positions = {} if positions is None else positions
         self._calls = 0
         self._thread = threading.get_ident()
 
@@ -139,6 +149,11 @@ class TreeRoPE(nn.Module):
         if threading.get_ident() != self._thread:
             return self.inner(x, offset=offset, **kwargs)
         self._calls += 1
+        if type(offset) is int and x.shape[0] == 1:
+            pos = self._positions.get(offset)
+            if pos is None:
+                pos = self._positions[offset] = self._depths + offset
+            return rope_at(self.inner, x, pos, **kwargs)
         return rope_by_node(self.inner, x, offset, self._depths, **kwargs)
 
 
@@ -177,20 +192,54 @@ def rope_owners(model: nn.Module, attr: str = "rope", skip: frozenset = frozense
 
 
 def tree_mask(
-    cache, tree: DraftTree, window_size: Optional[int], start: int = 0
+    cache, tree: DraftTree, window_size: Optional[int], start: int = 0, additive: bool = False
 ) -> mx.array:
-    """The bool mask [n - start, history + n] for this cache's keys after
+    """The mask [n - start, history + n] for this cache's keys after
     the verify update: history keys at positions offset-history..offset-1,
     then the n tree nodes at ``offset + depth``; the rows of nodes
     ``start..n-1`` (nodes before ``start`` are already in the cache, written
     by an earlier verify of the same tree, and counted in its offset). The
     cache's mode says how many keys it keeps and its default window (a
     RotatingKVCache keeps fewer than its offset once wrapped; ``start`` > 0
-    is refused on it before anything runs)."""
-    offset, history, default_window = mode_of(cache).key_positions(cache)
-    offset, history = offset - start, history - start
-    mask = tree.mask(offset, window_size or default_window, history=history)
-    return mask[start:] if start else mask
+    is refused on it before anything runs).
+
+    Bool (what a verify injects: mlx-lm's own array masks are bool, and
+    some families read the mask as one, e.g. kimi_linear's attention, where
+    an additive mask is silently wrong; suites/families catches it), or
+    with ``additive`` 0 where a node may attend and the dtype's most
+    negative value elsewhere, in the dtype the attention computes in
+    (bit-identical to the bool mask through sdpa on the reference BLAS for
+    every zoo family and dtype); bool while the cache holds nothing to read
+    that dtype from. Built from the topology's cached
+    arrays (``DraftTree.derived``), not per round: without a window the mask
+    is the tree's ancestry behind ``history`` columns that all attend; with
+    one it depends on the history length and the window only (query and key
+    positions both count from the same offset), which a wrapped ring keeps
+    constant from round to round."""
+    mode = mode_of(cache)
+    _, history, default_window = mode.key_positions(cache)
+    history -= start
+    window = window_size or default_window
+    dtype = mode.activation_dtype(cache) if additive else None
+    if window is None:
+        nodes = tree.derived(("ancestry", start, dtype), lambda: _as_mask(
+            tree.ancestry()[start:], dtype))
+        if not history:
+            return nodes
+        fill = mx.ones if dtype is None else mx.zeros
+        return mx.concatenate([fill((nodes.shape[0], history), dtype=dtype or mx.bool_), nodes],
+                              axis=1)
+    key = ("window", window, start, dtype)
+    kept = tree.derived(key, lambda: [None, None])
+    if kept[0] != history:  # one per window: the last history length seen
+        kept[:] = history, _as_mask(tree.mask_np(history, window, history)[start:], dtype)
+    return kept[1]
+
+
+def _as_mask(allowed, dtype) -> mx.array:
+    if dtype is None:
+        return mx.array(allowed)
+    return mx.where(mx.array(allowed), mx.array(0, dtype), mx.array(mx.finfo(dtype).min, dtype))
 
 
 MaskFn = Callable[[object, int, Optional[int]], mx.array]
@@ -230,7 +279,9 @@ def injected(
     either elsewhere would be silently wrong). Not every rope must run:
     cohere2's global layers hold a rope they never call.
     """
-    depths = mx.array(depths, dtype=mx.int32)
+    if not (isinstance(depths, mx.array) and depths.dtype == mx.int32):
+        depths = mx.array(depths, dtype=mx.int32)
+    rope_positions = {}  # offset -> node positions, shared by this forward's ropes
     attention = attention_caches(caches)
     saved_masks = []
     saved_ropes = []
@@ -252,7 +303,7 @@ def injected(
         if owners is None:
             owners = rope_owners(model, rope_attr)
         for _, owner in owners:
-            wrapper = TreeRoPE(owner[rope_attr], depths)
+            wrapper = TreeRoPE(owner[rope_attr], depths, rope_positions)
             saved_ropes.append((owner, owner[rope_attr]))
             setattr(owner, rope_attr, wrapper)
             wrappers.append(wrapper)
@@ -301,10 +352,12 @@ def tree_injected(
     the nodes ``start..n-1`` (the cache already holding nodes 0..start-1).
     The model hands its rope ``cache.offset``, which then counts the
     ``start`` cached nodes too: node i sits at that minus start plus depth."""
+    depths = tree.derived(("depths", start), lambda: mx.array(
+        tree.depths()[start:] - start, dtype=mx.int32))
     return injected(
         model,
         caches,
-        tree.depths()[start:] - start,
+        depths,
         lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start),
         rope_attr,
         owners,
