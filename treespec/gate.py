@@ -24,6 +24,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from mlx_lm.models.cache import make_prompt_cache
+
+from . import caches
+from .attention_check import AttentionCheck, interleaved_rows_match
 from .blas import detect
 from .models import model_type, prefilled, vocab_size
 from .tree import DraftTree
@@ -52,10 +56,13 @@ class Probe:
     key: str
     config: dict
     shapes: List[ShapeResult] = field(default_factory=list)
+    # Backend checks a model's layout rests on (treespec.attention_check),
+    # for models with a sliding window.
+    checks: List[AttentionCheck] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
-        return all(s.identical for s in self.shapes)
+        return all(s.identical for s in self.shapes) and all(c.identical for c in self.checks)
 
     @property
     def max_abs_diff(self) -> float:
@@ -74,6 +81,10 @@ class Probe:
             verdict = "identical" if s.identical else "differs"
             rows.append(f"  {s.m:>3} {shape:<28} {verdict:<10} {s.max_abs_diff:>10.3g} "
                         f"{s.argmax_flips:>5}")
+        for c in self.checks:
+            verdict = "identical" if c.identical else "differs"
+            rows.append(f"  {'-':>3} {'ring attention, ' + c.dtype:<28} {verdict:<10} "
+                        f"{c.max_abs_diff:>10.3g} {'-':>5}")
         return "\n".join(rows)
 
     def to_json(self) -> dict:
@@ -130,12 +141,23 @@ def _key(config: dict, shapes) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _chain_logits(model, context, tree) -> Dict[int, mx.array]:
+def _context_cache(model, context, steps: int = 0) -> list:
+    """A fresh cache holding ``context``: prefilled, its last ``steps``
+    tokens fed one at a time (which turns a sliding-window ring away from
+    the phase a prefill leaves it in)."""
+    cache = prefilled(model, context[: len(context) - steps])
+    for t in context[len(context) - steps:]:
+        model(mx.array([[t]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def _chain_logits(model, context, tree, steps: int = 0) -> Dict[int, mx.array]:
     """Each node's logits from single-token steps over its root path, the way
     classic decoding computes them."""
     out = {}
     for leaf in tree.leaves():
-        cache = prefilled(model, context)
+        cache = _context_cache(model, context, steps)
         for node in tree.path_to(leaf):
             logits = model(mx.array([[tree.tokens[node]]]), cache=cache)[0, -1]
             if node not in out:
@@ -151,14 +173,20 @@ def compare_shape(model, parents: Sequence[int], draws: int = DRAWS, seed: int =
     ``adapter``: the tree adapter measured (default ``adapter_for(model)``)."""
     adapter = adapter if adapter is not None else adapter_for(model)
     v = vocab_size(model)
+    window = min(caches.windows(make_prompt_cache(model)), default=None)
     identical, worst, flips, first = True, 0.0, 0, None
     for d in range(draws):
         rng = random.Random(hash((seed, d, len(parents))) & 0xFFFFFFFF)
-        ctx = [rng.randrange(v) for _ in range(context)]
+        n_ctx, steps = context, 0
+        if window is not None and d % 2:
+            # Past the window, its ring turned to a phase a prefill never
+            # leaves (a verify must lay out the ring as one-token steps see it).
+            n_ctx, steps = window + 1 + d, 1 + d
+        ctx = [rng.randrange(v) for _ in range(n_ctx)]
         tree = DraftTree([rng.randrange(v) for _ in parents], parents)
-        cache = prefilled(model, ctx)
+        cache = _context_cache(model, ctx, steps)
         got = adapter.verify(tree, cache)
-        ref = _chain_logits(model, ctx, tree)
+        ref = _chain_logits(model, ctx, tree, steps)
         for i in range(len(tree)):
             a, b = got[i], ref[i]
             if mx.array_equal(a, b).item():
@@ -196,8 +224,17 @@ def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int 
         result = Probe(key, config)
         for s in shapes:
             result.shapes.append(compare_shape(model, s, draws, seed, adapter=adapter))
+        if caches.windows(make_prompt_cache(model)):
+            result.checks = [interleaved_rows_match(_DTYPES[d], draws=RING_DRAWS)
+                             for d in config["dtypes"] if d in _DTYPES]
         _MEMO[key] = result
     return _MEMO[key]
+
+
+# Draws of the ring-attention check: enough for a reordered sum to show in
+# bfloat16, whose rounding hides most of them (suites/ring pins it).
+RING_DRAWS = 32
+_DTYPES = {str(t): t for t in (mx.float32, mx.float16, mx.bfloat16)}
 
 
 @dataclass
@@ -221,9 +258,17 @@ def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapt
         return Decision(True, True, f"probe passed: {len(p.shapes)} shapes bit-identical "
                         f"to single-token steps ({p.config['blas']}, {p.config['device']})", p)
     bad = [s for s in p.shapes if not s.identical]
-    what = (f"{len(bad)} of {len(p.shapes)} shapes differ from single-token steps "
-            f"(max |diff| {p.max_abs_diff:.3g}, {p.argmax_flips} argmax flips; first at "
-            f"M={bad[0].m}) on {p.config['blas']}, {p.config['device']}, {p.config['dtypes']}")
+    where = f"on {p.config['blas']}, {p.config['device']}, {p.config['dtypes']}"
+    if bad:
+        what = (f"{len(bad)} of {len(p.shapes)} shapes differ from single-token steps "
+                f"(max |diff| {p.max_abs_diff:.3g}, {p.argmax_flips} argmax flips; first at "
+                f"M={bad[0].m}) {where}")
+    else:
+        ring = [c for c in p.checks if not c.identical]
+        what = (f"this backend's attention does not give a masked multi-query row the bits of "
+                f"a one-query step in {', '.join(c.dtype for c in ring)} (max |diff| "
+                f"{max(c.max_abs_diff for c in ring):.3g}), which the sliding-window verify "
+                f"rests on (treespec.attention_check) {where}")
     if allow_inexact:
         return Decision(True, False, f"INEXACT, running anyway (--allow-inexact): {what}", p)
     return Decision(False, False, f"declined to classic decode: {what}", p)

@@ -7,6 +7,7 @@ module asks ``isinstance`` of a cache:
     attention / recurrent     what kind of layer the cache belongs to
     offset(c)                 tokens it has seen (None for a recurrent state)
     verify_refusal(c)         why a tree verify cannot write into it now, or None
+    verify_plan(c, tree)      how a verify writes into it when not by the model's own update
     key_positions(c)          (offset, history, default window) a tree mask counts with
     grows_in_parts            a drafter may feed a tree in parts and compact in place
     whole_trees_only          a verify must feed a tree in one update
@@ -46,7 +47,7 @@ from .attention import Appending, Chunked, Concatenate, Rotating, rotating_kept,
 from .base import Mode, refuse
 from .recurrent import Arrays
 
-__all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts",
+__all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts", "windows",
            "holds_recurrent", "mode_of", "offset", "offset_of", "plan_commit", "refuse",
            "rotating_kept", "rotating_present"]
 
@@ -121,6 +122,11 @@ def offset(cache: Sequence) -> Optional[int]:
 def holds_recurrent(c) -> bool:
     """Whether ``c`` is, or (a CacheList) contains, a recurrent state."""
     return mode_of(c).holds_recurrent(c)
+
+
+def windows(cache: Sequence) -> list:
+    """The sliding windows of a model's caches (one per cache that has one)."""
+    return [w for w in (mode_of(c).window(c) for c in cache) if w is not None]
 
 
 def attention_caches(cache: Sequence) -> list:

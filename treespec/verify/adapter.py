@@ -200,6 +200,10 @@ class TreeAdapter:
         # Only an injected forward needs every rope to take per-node
         # positions, so only it walks the modules for them.
         owners = self.check(tree, cache, start, ropes=inject)
+        # Caches a verify of 2+ nodes writes in a layout of its own (a
+        # sliding-window ring laid out as classic one-token steps see it),
+        # chains included.
+        plans = self._plans(cache, tree) if len(tree) > 1 else {}
         offset = caches.offset(caches.attention_caches(cache))
         offset = None if offset is None else offset - start
         snap = rollback.snapshot(cache)  # references only
@@ -212,16 +216,22 @@ class TreeAdapter:
                              f"{len(tree) - start} nodes")
         tokens = tokens[None]
         with ExitStack() as stack:
-            if inject:
-                if self.recurrent is not None:
-                    stack.enter_context(self.recurrent.inject(self.model, cache, tree))
-                probe = stack.enter_context(self.injection(cache, tree, owners, start))
+            if inject and self.recurrent is not None:
+                stack.enter_context(self.recurrent.inject(self.model, cache, tree))
+            if inject or plans:
+                probe = stack.enter_context(
+                    self.injection(cache, tree, owners, start, plans=plans, ropes=inject))
             if has_recurrent:
                 # Innermost, so it records whatever mixer the strategy put in;
                 # commit replays the path's rows through the real one.
                 captures = stack.enter_context(rollback.capture_recurrent_inputs(self.model))
-            logits = self.model(tokens, cache=cache)
-            if inject:
+            try:
+                logits = self.model(tokens, cache=cache)
+            except TreeRefused as e:
+                if e.family is not None:
+                    raise
+                raise TreeRefused(self.model_type, e.reason) from None  # a cache's, by name
+            if inject or plans:
                 probe()
         if inject and captures is not None:
             # The tree-aware recurrence kept every node's state: commit copies
@@ -231,12 +241,31 @@ class TreeAdapter:
         self._last = _Verified(cache, offset, tree, snap, captures)
         return logits[0]
 
-    def injection(self, cache: Sequence, tree: DraftTree, owners: list, start: int):
-        """The context manager that gives one forward the tree's mask and
-        per-node positions (treespec.verify.attention.tree_injected); it
-        yields a probe that raises if the forward bypassed either. A
-        subclass may inject something else (the suites plant defects here)."""
-        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start)
+    def _plans(self, cache: Sequence, tree: DraftTree) -> dict:
+        """cache id -> its mode's verify plan (treespec.caches), for the
+        attention caches that have one. A model builds one mask per kind of
+        layer from one cache, so every plan must lay out the same keys."""
+        plans = {}
+        for c in caches.attention_caches(cache):
+            plan = caches.mode_of(c).verify_plan(c, tree)
+            if plan is not None:
+                plans[id(c)] = plan
+        keys = {p.key() for p in plans.values()}
+        if len(keys) > 1:
+            self._refuse(f"its sliding-window caches are in {len(keys)} different ring states "
+                         "(size, kept slots, offset or write slot differ); one mask cannot "
+                         "serve them all")
+        return plans
+
+    def injection(self, cache: Sequence, tree: DraftTree, owners: list, start: int,
+                  plans: Optional[dict] = None, ropes: bool = True):
+        """The context manager that gives one forward the tree's masks (the
+        ring layout's where a cache has a plan) and, with ``ropes``, per-node
+        positions (treespec.verify.attention.tree_injected); it yields a
+        probe that raises if the forward bypassed them. A subclass may inject
+        something else (the suites plant defects here)."""
+        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+                             plans=plans, ropes=ropes)
 
     def commit(
         self,

@@ -177,27 +177,35 @@ _MISSING = object()
 def injected(
     model: nn.Module,
     caches: Sequence,
-    depths: mx.array,
+    depths: Optional[mx.array],
     mask_fn: MaskFn,
     rope_attr: str = "rope",
     owners: Optional[list] = None,
+    plans: Optional[dict] = None,
 ):
     """For the duration of the block: every attention cache in ``caches``
     answers ``make_mask(N, ...)`` with ``mask_fn(cache, N, window_size)``,
     and every ``rope`` in ``model`` rotates token t by ``offset + depths[t]``.
+    ``plans`` (cache id -> its mode's verify plan, a ring layout) also
+    replace those caches' ``update_and_fetch`` with the plan's.
+
+    ``depths=None`` injects no positions (a chain: its positions are the
+    model's own) and replaces only the masks of the caches with a plan, so
+    every other layer runs exactly as mlx-lm's plain forward.
 
     ``depths`` and ``mask_fn`` are explicit (not a tree) so a test can inject
     deliberately wrong positions or masks and watch the exactness suite fail.
     Instance-level only; restored in a ``finally`` even if the forward raises.
     ``owners`` (from :func:`rope_owners`) saves walking the model again.
     Yields a probe: ``probe()`` raises if no rope or no mask was reached (a
-    family that computes either elsewhere would be silently wrong). Not every
-    rope must run: cohere2's global layers hold a rope they never call.
+    family that computes either elsewhere would be silently wrong), or a
+    plan's cache was written without any plan's mask being asked for. Not
+    every rope must run: cohere2's global layers hold a rope they never call.
     """
-    depths = mx.array(depths, dtype=mx.int32)
-    attention = attention_caches(caches)
-    saved_masks = []
-    saved_ropes = []
+    plans = plans or {}
+    ropes = depths is not None
+    attention = [c for c in attention_caches(caches) if ropes or id(c) in plans]
+    saved = []  # (object, attribute, previous value or _MISSING)
     wrappers = []
     mask_calls = [0]
 
@@ -208,21 +216,28 @@ def injected(
 
         return make_mask
 
+    def instance(obj, attr, value):
+        saved.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
+        setattr(obj, attr, value)
+
     try:
         for c in attention:
-            saved_masks.append((c, c.__dict__.get("make_mask", _MISSING)))
-            c.make_mask = make_override(c)
-        if owners is None:
-            owners = rope_owners(model, rope_attr)
-        for _, owner in owners:
-            wrapper = TreeRoPE(owner[rope_attr], depths)
-            saved_ropes.append((owner, owner[rope_attr]))
-            setattr(owner, rope_attr, wrapper)
-            wrappers.append(wrapper)
+            instance(c, "make_mask", make_override(c))
+            if id(c) in plans:
+                instance(c, "update_and_fetch", plans[id(c)].update_and_fetch)
+        if ropes:
+            depths = mx.array(depths, dtype=mx.int32)
+            if owners is None:
+                owners = rope_owners(model, rope_attr)
+            for _, owner in owners:
+                wrapper = TreeRoPE(owner[rope_attr], depths)
+                saved.append((owner, rope_attr, owner[rope_attr]))
+                setattr(owner, rope_attr, wrapper)
+                wrappers.append(wrapper)
 
         def probe():
             rope_calls = sum(w._calls for w in wrappers)
-            if attention and (rope_calls == 0 or mask_calls[0] == 0):
+            if attention and ((ropes and rope_calls == 0) or mask_calls[0] == 0):
                 raise RuntimeError(
                     f"tree injection bypassed: {rope_calls} rope call(s), "
                     f"{mask_calls[0]} make_mask call(s); this family does not route "
@@ -231,13 +246,11 @@ def injected(
 
         yield probe
     finally:
-        for owner, rope in reversed(saved_ropes):
-            setattr(owner, rope_attr, rope)
-        for c, prev in reversed(saved_masks):
+        for obj, attr, prev in reversed(saved):
             if prev is _MISSING:
-                c.__dict__.pop("make_mask", None)
+                obj.__dict__.pop(attr, None)
             else:
-                c.make_mask = prev
+                setattr(obj, attr, prev)
 
 
 def tree_injected(
@@ -247,24 +260,31 @@ def tree_injected(
     rope_attr="rope",
     owners=None,
     start: int = 0,
+    plans: Optional[dict] = None,
+    ropes: bool = True,
+    depths=None,
+    mask_fn: Optional[MaskFn] = None,
 ):
     """:func:`injected` with the tree's depths and masks, for a forward over
     the nodes ``start..n-1`` (the cache already holding nodes 0..start-1).
     The model hands its rope ``cache.offset``, which then counts the
-    ``start`` cached nodes too: node i sits at that minus start plus depth."""
-    return injected(
-        model,
-        caches,
-        tree.depths()[start:] - start,
-        lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start),
-        rope_attr,
-        owners,
-    )
+    ``start`` cached nodes too: node i sits at that minus start plus depth.
+    A cache with a plan (a ring) takes the plan's mask; ``ropes=False`` (a
+    chain) injects no positions. ``depths`` / ``mask_fn`` replace the tree's
+    positions (node i's, counted from ``start``) or masks: the seams the
+    suites plant defects in."""
+    plans = plans or {}
+    if depths is None:
+        depths = tree.depths()[start:] - start
+    if mask_fn is None:
+        mask_fn = lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start, plans)
+    return injected(model, caches, depths if ropes else None, mask_fn, rope_attr, owners, plans)
 
 
-def _checked_tree_mask(cache, tree, N, window, start):
+def _checked_tree_mask(cache, tree, N, window, start, plans):
     if N != len(tree) - start:
         raise RuntimeError(
             f"make_mask asked for {N} queries, the tree feeds {len(tree) - start}"
         )
-    return tree_mask(cache, tree, window, start)
+    plan = plans.get(id(cache))
+    return plan.mask(window) if plan is not None else tree_mask(cache, tree, window, start)
