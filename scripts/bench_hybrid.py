@@ -1,7 +1,7 @@
 """What a tree verify costs on a hybrid (GatedDeltaNet + attention) model.
 
 For each tree shape: the verify forward with the tree-aware recurrence
-(treespec.verify.gdn_tree, one batched mixer call per depth) next to a plain
+(treespec.verify.recurrence, one batched mixer call per depth) next to a plain
 chain verify of the same node count and a chain of the same depth (depth + 1
 nodes), medians of --repeats runs, caches restored before every run (not
 timed). A second table does the same for one recurrent layer alone.
@@ -30,8 +30,8 @@ from treespec import blas
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify.footprint import state_footprint
-from treespec.verify.gdn_tree import TreeGatedDelta, tree_mixer_forward
-from treespec.verify.mixers import recurrent_mixers
+from treespec.mixers import discover
+from treespec.verify.recurrence import TreeRecurrence, tree_mixer_forward
 
 
 def _chains(k, length):
@@ -127,7 +127,7 @@ def median_ms(fn, repeats, setup=lambda: None):
 def exactness(model, cache, tree):
     """(nodes whose verify logits differ from a plain forward over their root
     path, the largest |difference|)."""
-    logits = adapter_for(model, recurrent=TreeGatedDelta()).verify(tree, snapshot(cache))
+    logits = adapter_for(model, recurrent=TreeRecurrence()).verify(tree, snapshot(cache))
     bad, worst = 0, 0.0
     for i in range(len(tree)):
         toks = mx.array([tree.tokens[j] for j in tree.path_to(i)])[None]
@@ -179,12 +179,12 @@ def main():
     model(prompt, cache=cache)
     cache = snapshot(cache)
     name = (args.dims and f"random qwen3_5 {args.dims}" or f"zoo {args.family}") + f" {args.dtype}"
-    n_rec = len(recurrent_mixers(model))
+    n_rec = len(discover(model).mixers)
     print(f"model: {name}, {len(model.layers)} layers ({n_rec} recurrent), prompt {args.prompt}")
     print(f"blas: {blas.describe()}")
     print(f"median of {args.repeats} runs, ms; caches restored before each run (untimed)\n")
 
-    tree_aware = adapter_for(model, recurrent=TreeGatedDelta())
+    tree_aware = adapter_for(model, recurrent=TreeRecurrence())
     plain = adapter_for(model)  # chains only: the flattened chain is exact
 
     def verify(adapter, tree):
@@ -209,8 +209,8 @@ def main():
         cd = median_ms(verify(plain, chain(d + 1)), args.repeats, lambda: snapshot(cache))
         print(f"{label:<13}{n:>4}{d:>6}{t:>9.2f}{cn:>9.2f}{cd:>10.2f}{t / cn:>13.2f}  exact, this run")
 
-    i, layer, attr = recurrent_mixers(model)[0]
-    mixer = getattr(layer, attr)
+    first = discover(model).mixers[0]
+    i, mixer = first.where[0], first.module
     D = model.args.text_config["hidden_size"] if hasattr(model.args, "text_config") else model.args.hidden_size
     state = cache[i]
     print(f"\none recurrent layer (layer {i}, {type(mixer).__name__}) alone, same trees")

@@ -2,7 +2,10 @@
 built-in trained pair, and the check that a target and its drafter share a
 tokenizer."""
 
+import json
+import struct
 from pathlib import Path
+from typing import Optional
 
 import mlx_lm
 
@@ -10,6 +13,48 @@ from .errors import UsageError
 from .models import vocab_size
 
 PAIR = Path(__file__).parent / "pair"
+# The files a tokenizer can be built from (transformers' AutoTokenizer:
+# fast, sentencepiece, BPE vocabularies, tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "tiktoken.model")
+HEADER_LIMIT = 100_000_000  # the safetensors library refuses longer headers
+
+
+def safetensors_problem(path: Path) -> Optional[str]:
+    """Why ``path`` is not a readable safetensors file, or None: read from
+    its 8-byte header length and its JSON header (the layout every
+    safetensors file starts with), never its tensors."""
+    size = path.stat().st_size
+    if size == 0:
+        return "empty file (0 bytes)"
+    if size < 8:
+        return f"only {size} bytes: too short for a safetensors header (8-byte length first)"
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > size - 8:
+            return (f"its header claims {length} bytes but the file has only {size}: "
+                    "truncated (an incomplete download?) or not a safetensors file")
+        if length > HEADER_LIMIT:
+            return f"its header claims {length} bytes, more than safetensors allows"
+        header = f.read(length)
+    try:
+        json.loads(header.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        return f"its header is not UTF-8 JSON ({e}): a corrupt file or not safetensors"
+    return None
+
+
+def checkpoint_problem(p: Path) -> Optional[str]:
+    """What in the checkpoint directory ``p`` mlx_lm.load would fail on, by
+    file and cause, or None: its weights files' headers and its tokenizer."""
+    for weights in sorted(p.glob("model*.safetensors")):  # mlx-lm's own pattern
+        why = safetensors_problem(weights)
+        if why:
+            return f"{weights.name}: {why}"
+    if not any((p / name).exists() for name in TOKENIZER_FILES) and not any(p.glob("*.tiktoken")):
+        return (f"no tokenizer: none of {', '.join(TOKENIZER_FILES)} (or *.tiktoken) "
+                "is in the directory")
+    return None
 
 
 def load_checkpoint(path, role: str):
@@ -19,6 +64,9 @@ def load_checkpoint(path, role: str):
     if not p.is_dir() or not (p / "config.json").exists():
         raise UsageError(f"--{role} {path}: not an mlx-lm checkpoint directory "
                          "(no config.json there)")
+    why = checkpoint_problem(p)
+    if why:
+        raise UsageError(f"--{role} {path}: {why}")
     try:
         return mlx_lm.load(str(p))
     except Exception as e:  # mlx-lm raises many kinds; name the path and role

@@ -9,6 +9,7 @@ for by name. ``temperature > 0`` samples, exactly in law (treespec.sampling).
 
 from typing import Optional, Sequence
 
+from .checks import finite, integer
 from .cuda_env import warn_if_cudnn_attention
 from .draft import Drafter, make_drafter
 from .rounds import MODES, classic, greedy, speculative
@@ -34,6 +35,10 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
     the target's, named ``adapter_name``); ``walk(tree, target_tokens)``: the
     greedy accept walk (default ``treespec.walk.tree_walk``); ``on_round``:
     called with every round and its walk (treespec.rounds.speculative)."""
+    # A NaN or negative temperature is not greedy decoding: refused, as a
+    # fractional max_tokens is.
+    temperature = finite(temperature, "temperature", minimum=0.0)
+    max_tokens = integer(max_tokens, "max_tokens")
     if mode != "classic":
         warn_if_cudnn_attention()
     loop = dict(adapter=adapter, adapter_name=adapter_name, draft_adapter=draft_adapter,

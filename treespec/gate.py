@@ -12,16 +12,26 @@ instead of assuming.
 every node's logits byte for byte with single-token steps over its root path,
 over several independent draws. Results are memoized under a key of what can
 change them. ``decide`` turns a probe into run / decline.
+
+Cost: per shape and draw, one prefill, one verify and one single-token step
+per node (each node stepped once, from a copy of its parent's cache state;
+it was a prefill and the whole root path per leaf).
+Trees over ``MAX_PROBE_NODES`` nodes are refused before anything runs; the
+round loop probes only the trees its max_tokens lets it verify.
 """
 
+import copy
 import hashlib
 import json
+import math
 import random
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from mlx_lm.models.cache import make_prompt_cache
@@ -35,6 +45,14 @@ from .verify import adapter_for
 
 DRAWS = 3  # one draw is a coin toss when only a few bytes move
 CONTEXT = 24
+# The largest tree the probe measures: its cost grows with the nodes and
+# with the shapes a drafter lists (every prefix of a fixed tree).
+MAX_PROBE_NODES = 64
+
+
+def _worst(a: float, b: float) -> float:
+    """The larger difference, NaN if either is (max() would drop a NaN)."""
+    return a if math.isnan(a) else b if math.isnan(b) else max(a, b)
 
 
 @dataclass
@@ -66,7 +84,10 @@ class Probe:
 
     @property
     def max_abs_diff(self) -> float:
-        return max((s.max_abs_diff for s in self.shapes), default=0.0)
+        worst = 0.0
+        for s in self.shapes:
+            worst = _worst(worst, s.max_abs_diff)
+        return worst
 
     @property
     def argmax_flips(self) -> int:
@@ -94,19 +115,51 @@ class Probe:
         return d
 
 
-_DIGESTS: Dict[tuple, str] = {}
+def _address(w: mx.array) -> Optional[int]:
+    """Where ``w``'s bytes live now (evaluating it if it is pending); None
+    for a buffer that is not one contiguous block (a broadcast), which is
+    then hashed every time."""
+    view = memoryview(w)
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data if view.c_contiguous else None
+
+
+class _Digest:
+    """A model's weights digest and what it was computed over: each
+    parameter's array object, a reference to its value then (``copy.copy``
+    shares the buffer), and that buffer's address. An in-place edit
+    (``w[0] = 0``) keeps the array object but must give it another buffer:
+    the old one is still referenced here, so it cannot be reused for the
+    write. So an unchanged address means unchanged bytes, without reading
+    them. The reference can keep replaced weights alive until the next
+    digest of the model, or until the model is collected."""
+
+    def __init__(self, params):
+        self.ids = tuple((name, id(w)) for name, w in params)
+        self.values = [copy.copy(w) for _, w in params]
+        self.addresses = [_address(w) for _, w in params]
+        self.hex = _hash_weights(params)
+
+    def holds(self, params) -> bool:
+        return (tuple((name, id(w)) for name, w in params) == self.ids
+                and all(a is not None and _address(w) == a
+                        for (_, w), a in zip(params, self.addresses)))
+
+
+_DIGESTS: Dict[int, _Digest] = {}  # id(model) -> its last digest, dropped with the model
 
 
 def _weights_digest(model: nn.Module) -> str:
     """Identity of the weights: every name, shape, dtype and byte. A sampled
     hash could miss an edit and reuse a stale verdict. Hashing costs ~1 s per
-    GB, so it is remembered per set of parameter arrays (loading or updating
-    weights makes new arrays, hence a new hash)."""
+    GB, so it is remembered per model until a parameter is replaced
+    (loading, updating) or edited in place (see :class:`_Digest`)."""
     params = tree_flatten(model.parameters())
-    ids = tuple((name, id(w)) for name, w in params)
-    if ids not in _DIGESTS:
-        _DIGESTS[ids] = _hash_weights(params)
-    return _DIGESTS[ids]
+    held = _DIGESTS.get(id(model))
+    if held is None or not held.holds(params):
+        if held is None:
+            weakref.finalize(model, _DIGESTS.pop, id(model), None)
+        held = _DIGESTS[id(model)] = _Digest(params)
+    return held.hex
 
 
 def _hash_weights(params) -> str:
@@ -152,17 +205,26 @@ def _context_cache(model, context, steps: int = 0) -> list:
     return cache
 
 
-def _chain_logits(model, context, tree, steps: int = 0) -> Dict[int, mx.array]:
+def _chain_logits(model, cache, tree) -> Dict[int, mx.array]:
     """Each node's logits from single-token steps over its root path, the way
-    classic decoding computes them."""
+    classic decoding computes them: from ``cache`` (a prefilled context,
+    consumed), the path one token at a time. Each node is stepped once, from
+    its parent's cache state (a deep copy where siblings follow: the same
+    arrays and shapes, hence the same bytes as a fresh prefill and path,
+    measured on both CPU BLAS regimes)."""
     out = {}
-    for leaf in tree.leaves():
-        cache = _context_cache(model, context, steps)
-        for node in tree.path_to(leaf):
-            logits = model(mx.array([[tree.tokens[node]]]), cache=cache)[0, -1]
-            if node not in out:
-                out[node] = logits
-        mx.eval(list(out.values()))
+    children = [[] for _ in range(len(tree))]
+    for i, p in enumerate(tree.parents[1:], 1):
+        children[p].append(i)
+    todo = [(0, cache)]
+    while todo:
+        node, cache = todo.pop()
+        out[node] = model(mx.array([[tree.tokens[node]]]), cache=cache)[0, -1]
+        mx.eval(out[node], [c.state for c in cache])
+        kids = children[node]
+        todo += [(k, copy.deepcopy(cache)) for k in kids[:-1]]
+        if kids:
+            todo.append((kids[-1], cache))
     return out
 
 
@@ -171,32 +233,64 @@ def compare_shape(model, parents: Sequence[int], draws: int = DRAWS, seed: int =
     """Verify ``draws`` random trees of this shape from random prefilled
     contexts and compare every node byte for byte with single-token steps.
     ``adapter``: the tree adapter measured (default ``adapter_for(model)``)."""
-    adapter = adapter if adapter is not None else adapter_for(model)
-    v = vocab_size(model)
-    window = min(caches.windows(make_prompt_cache(model)), default=None)
-    identical, worst, flips, first = True, 0.0, 0, None
-    for d in range(draws):
-        rng = random.Random(hash((seed, d, len(parents))) & 0xFFFFFFFF)
-        n_ctx, steps = context, 0
-        if window is not None and d % 2:
-            # Past the window, its ring turned to a phase a prefill never
-            # leaves (a verify must lay out the ring as one-token steps see it).
-            n_ctx, steps = window + 1 + d, 1 + d
-        ctx = [rng.randrange(v) for _ in range(n_ctx)]
-        tree = DraftTree([rng.randrange(v) for _ in parents], parents)
-        cache = _context_cache(model, ctx, steps)
-        got = adapter.verify(tree, cache)
-        ref = _chain_logits(model, ctx, tree, steps)
-        for i in range(len(tree)):
+    return compare_shapes(model, [parents], draws, seed, context, adapter)[0]
+
+
+class _Tally:
+    """One shape's comparison over its draws."""
+
+    def __init__(self):
+        self.identical, self.worst, self.flips, self.first = True, 0.0, 0, None
+
+    def add(self, got, ref, n: int):
+        for i in range(n):
             a, b = got[i], ref[i]
             if mx.array_equal(a, b).item():
                 continue
-            identical = False
-            first = i if first is None else min(first, i)
+            self.identical = False
+            self.first = i if self.first is None else min(self.first, i)
+            # NaN when either side has a NaN: reported as such, never as 0.
             diff = mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).item()
-            worst = max(worst, diff)
-            flips += int(mx.argmax(a).item() != mx.argmax(b).item())
-    return ShapeResult(tuple(parents), identical, worst, flips, first, draws)
+            self.worst = _worst(self.worst, diff)
+            self.flips += int(mx.argmax(a).item() != mx.argmax(b).item())
+
+    def result(self, shape, draws) -> ShapeResult:
+        return ShapeResult(shape, self.identical, self.worst, self.flips, self.first, draws)
+
+
+def compare_shapes(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int = 0,
+                   context: int = CONTEXT, adapter=None) -> List[ShapeResult]:
+    """:func:`compare_shape` for every shape, one result per listed shape
+    (each distinct shape measured once, on its own draws). Raises ValueError,
+    before any forward, for a shape over ``MAX_PROBE_NODES`` nodes."""
+    shapes = [tuple(int(p) for p in s) for s in shapes]
+    big = max(shapes, key=len, default=())
+    if len(big) > MAX_PROBE_NODES:
+        raise ValueError(
+            f"a tree of {len(big)} nodes: the exactness probe measures trees of at most "
+            f"{MAX_PROBE_NODES} nodes (its cost grows with them). Use a smaller tree, a "
+            "smaller max_tokens (trees are cut to it), or gate=False (speculation unmeasured)")
+    adapter = adapter if adapter is not None else adapter_for(model)
+    v = vocab_size(model)
+    window = min(caches.windows(make_prompt_cache(model)), default=None)
+    measured = {}
+    for parents in dict.fromkeys(shapes):
+        tally = _Tally()
+        for d in range(draws):
+            rng = random.Random(hash((seed, d, len(parents))) & 0xFFFFFFFF)
+            n_ctx, steps = context, 0
+            if window is not None and d % 2:
+                # Past the window, its ring turned to a phase a prefill never
+                # leaves (a verify must lay the ring out as one-token steps
+                # see it).
+                n_ctx, steps = window + 1 + d, 1 + d
+            ctx = [rng.randrange(v) for _ in range(n_ctx)]
+            tree = DraftTree([rng.randrange(v) for _ in parents], parents)
+            cache = _context_cache(model, ctx, steps)
+            ref = _chain_logits(model, copy.deepcopy(cache), tree)
+            tally.add(adapter.verify(tree, cache), ref, len(tree))
+        measured[parents] = tally.result(parents, draws)
+    return [measured[s] for s in shapes]
 
 
 def shapes_for(block: int, trees: Sequence[Sequence[int]] = ()) -> List[Tuple[int, ...]]:
@@ -222,8 +316,7 @@ def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int 
     key = _key({**config, "draws": draws, "seed": seed, "adapter": adapter_name}, shapes)
     if key not in _MEMO:
         result = Probe(key, config)
-        for s in shapes:
-            result.shapes.append(compare_shape(model, s, draws, seed, adapter=adapter))
+        result.shapes.extend(compare_shapes(model, shapes, draws, seed, adapter=adapter))
         if caches.windows(make_prompt_cache(model)):
             result.checks = [interleaved_rows_match(_DTYPES[d], draws=RING_DRAWS)
                              for d in config["dtypes"] if d in _DTYPES]

@@ -19,17 +19,18 @@ commit that cannot be exact raises ``RollbackRefused`` and leaves every cache
 as it was.
 """
 
-import inspect
+import threading
 from contextlib import contextmanager
 from typing import Any, List, Optional, Protocol, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache
 
-from .caches import Entry, Tail, holds_recurrent, mode_of, plan_commit, refuse
+from .caches import Entry, Tail, mode_of, plan_commit, refuse
 from .errors import RollbackRefused, TreeError
+from .mixers import Mixer, discover, get_slot, set_slot
 from .tree import DraftTree
 
 __all__ = ["Captures", "KeptStates", "RollbackRefused", "Snapshot", "capture_recurrent_inputs",
@@ -92,7 +93,7 @@ def snapshot(cache: List[Any]) -> Snapshot:
 
 class KeptStates(Protocol):
     """Per-node recurrent states a tree-aware recurrence kept during a verify
-    (treespec.verify.gdn_tree.TreeStates): committing a node copies its
+    (treespec.verify.recurrence.TreeStates): committing a node copies its
     state instead of replaying the path."""
 
     def node(self, i: int) -> list:
@@ -128,15 +129,18 @@ class Captures:
 
 class _Recorder(nn.Module):
     """Stands in for a recurrent mixer: records each call that receives an
-    ArraysCache, then runs the module it replaced unchanged."""
+    ArraysCache, then runs the module it replaced unchanged. Calls from any
+    thread but the one capturing are not recorded (they are another
+    forward's)."""
 
-    def __init__(self, inner: nn.Module, layer: nn.Module, name: str, captures: Captures):
+    def __init__(self, inner: nn.Module, container, key, captures: Captures):
         super().__init__()
         self.inner = inner
-        # Plain attributes, not children: the layer in a tuple would make the
-        # module tree a cycle.
-        object.__setattr__(self, "_where", (layer, name))
+        # Plain attributes, not children: the container in a tuple would make
+        # the module tree a cycle.
+        object.__setattr__(self, "_where", (container, key))
         object.__setattr__(self, "_captures", captures)
+        object.__setattr__(self, "_thread", threading.get_ident())
 
     def __getattr__(self, key):
         # Code that reads the mixer's attributes still finds them.
@@ -148,6 +152,8 @@ class _Recorder(nn.Module):
             return getattr(self["inner"], key)
 
     def __call__(self, *args, **kwargs):
+        if threading.get_ident() != self._thread:
+            return self.inner(*args, **kwargs)
         for a in (*args, *kwargs.values()):
             if mode_of(a).recurrent:
                 self._captures.calls.append((a, *self._where, args, kwargs))
@@ -155,47 +161,30 @@ class _Recorder(nn.Module):
         return self.inner(*args, **kwargs)
 
 
-def _recurrent_mixers(model: nn.Module):
-    """(layer, name, module) of every module that receives a recurrent cache:
-    in each layer whose cache is or holds an ArraysCache, the direct children
-    whose ``__call__`` takes ``cache``. Found per family: qwen3_5/qwen3_next
-    ``linear_attn``, mamba/mamba2/nemotron_h ``mixer``, falcon_h1 ``mamba``."""
-    layers = model.layers
-    caches = make_prompt_cache(model)
-    if len(caches) != len(layers):
-        raise RollbackRefused(
-            f"cannot match {len(caches)} caches to {len(layers)} layers of "
-            f"{type(model).__name__} to find its recurrent mixers"
-        )
-    for layer, c in zip(layers, caches):
-        if not holds_recurrent(c):
-            continue
-        for name, child in layer.children().items():
-            if isinstance(child, nn.Module) and (
-                "cache" in inspect.signature(child.__call__).parameters
-            ):
-                yield layer, name, child
-
-
 @contextmanager
-def capture_recurrent_inputs(model: nn.Module):
+def capture_recurrent_inputs(model: nn.Module, mixers: Optional[Sequence[Mixer]] = None):
     """Record every recurrent mixer's input during the verify forward.
 
-    Swaps each mixer for a recording stand-in on the instance (the class is
-    untouched) and always puts the original back. The replay calls whatever
-    module the layer holds at commit time, so this may wrap another
-    instance-level stand-in (enter it inside, not around, a verify that swaps
-    the mixers itself: a stand-in outside would hide the real mixer's class)."""
+    ``mixers``: where they sit (``treespec.mixers.discover(model).mixers``,
+    found by that one-token forward when not given). Swaps each for a
+    recording stand-in on the instance (the class is untouched) and always
+    puts the original back. The replay calls whatever module the slot holds
+    at commit time, so this may wrap another instance-level stand-in (enter
+    it inside, not around, a verify that swaps the mixers itself: a stand-in
+    outside would hide the real mixer's class)."""
+    if mixers is None:
+        mixers = discover(model).mixers
     captures = Captures()
     swapped = []
     try:
-        for layer, name, child in list(_recurrent_mixers(model)):
-            setattr(layer, name, _Recorder(child, layer, name, captures))
-            swapped.append((layer, name, child))
+        for m in mixers:
+            child = get_slot(m.container, m.key)
+            set_slot(m.container, m.key, _Recorder(child, m.container, m.key, captures))
+            swapped.append((m.container, m.key, child))
         yield captures
     finally:
-        for layer, name, child in reversed(swapped):
-            setattr(layer, name, child)
+        for container, key, child in reversed(swapped):
+            set_slot(container, key, child)
 
 
 # -- the commit -------------------------------------------------------------
@@ -245,7 +234,8 @@ def commit_path(
         # above did the checks), with no evaluation at all, which on CUDA
         # may synchronize.
         for c in cache:
-            c.offset = tail.offset + tail.k
+            if c.keys is not None:  # one no forward writes stays empty (caches.plan_commit)
+                c.offset = tail.offset + tail.k
         return tail.k
     steps = [plan() for plan in plans]
     # Every layer's reads in one evaluation, before any write: while a read

@@ -20,9 +20,10 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from . import caches
+from .checks import token_ids
 from .draft import Drafter, Round
 from .gate import decide
-from .models import PREFILL_STEP, prefill
+from .models import PREFILL_STEP, prefill, vocab_size
 from .stats import Result, Stats, clip, eos_set
 from .verify import adapter_for
 from .walk import Walk, tree_walk
@@ -31,14 +32,36 @@ from .walk import Walk, tree_walk
 MODES = ("classic", "chain", "tree")
 
 
+def prompt_ids(target, prompt: Sequence[int]) -> list:
+    """The prompt as ints, each an id of the target's vocabulary (an id past
+    its embedding table would be read out of bounds), at least one."""
+    prompt = token_ids(prompt, vocab_size(target), "prompt")
+    if not prompt:
+        raise ValueError("the prompt needs at least one token (the first root)")
+    return prompt
+
+
+def same_vocabulary(target, draft_model) -> None:
+    """Speculative decoding compares the drafter's ids with the target's:
+    both must read the same vocabulary (logits of one width; the command
+    line also compares the tokenizers)."""
+    if draft_model is None:
+        raise ValueError("draft_model: speculative decoding needs a draft model")
+    theirs, ours = vocab_size(draft_model), vocab_size(target)
+    if theirs != ours:
+        raise ValueError(f"draft_model: its logits are {theirs} wide, the target's {ours}: "
+                         "the drafter must use the target's vocabulary (the same tokenizer)")
+
+
 def classic(target, prompt: Sequence[int], max_tokens: int, eos_token_ids=None,
             sampler=None, requested: Optional[dict] = None) -> Result:
     """mlx-lm's ``generate_step``: greedy, or with the given ``sampler``."""
+    prompt = prompt_ids(target, prompt)
     stats = Stats("classic", requested=requested or {})
     eos, out = eos_set(eos_token_ids), []
     t0 = time.perf_counter()
     sampler = sampler or (lambda lp: mx.argmax(lp, axis=-1))
-    for tok, _ in generate_step(mx.array(list(prompt)), target, max_tokens=max_tokens,
+    for tok, _ in generate_step(mx.array(prompt), target, max_tokens=max_tokens,
                                 sampler=sampler):
         out.append(int(tok))
         if out[-1] in eos:
@@ -92,14 +115,19 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     accepts (default: the greedy ``tree_walk``); ``fallback()`` is the
     classic decode the gate declines to; ``on_round(round, walk)`` sees every
     round after its commit."""
-    prompt = [int(t) for t in prompt]
-    if not prompt:
-        raise ValueError("the prompt needs at least one token (the first root)")
+    prompt = prompt_ids(target, prompt)
+    same_vocabulary(target, draft_model)
     adapter = adapter if adapter is not None else adapter_for(target)
     walker = walker if walker is not None else greedy()
     stats = Stats(mode, requested=requested or drafter.describe())
+    note = getattr(adapter, "note", None)  # a model without an audit record says so
+    if note:
+        stats.notes.append(note)
     if gate:
-        decision = decide(target, drafter.probe_shapes(), allow_inexact=allow_inexact,
+        # A round never verifies more than max_tokens nodes (its drafts are
+        # cut to what is left to emit), so larger shapes are not probed.
+        shapes = [s for s in drafter.probe_shapes() if len(s) <= max_tokens]
+        decision = decide(target, shapes, allow_inexact=allow_inexact,
                           adapter=adapter, adapter_name=adapter_name)
         stats.gate = decision.summary()
         if not decision.exact:

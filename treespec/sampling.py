@@ -39,6 +39,7 @@ from typing import Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
+from .checks import integer
 from .draft import DraftRound, FixedTreeDrafter
 from .errors import SamplingRefused
 from .rounds import MODES, classic, speculative
@@ -164,6 +165,7 @@ class SampledChainDrafter(SampledTreeDrafter):
 
     def __init__(self, block: int, params: Optional[SamplingParams] = None,
                  rng: Optional[np.random.Generator] = None):
+        block = integer(block, "block")
         if block < 1:
             raise ValueError(f"chain block must be >= 1 (the root alone), got {block}")
         if block == 1:

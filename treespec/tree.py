@@ -15,17 +15,32 @@ from typing import Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
+from .checks import INT32_MAX, is_integer
 from .errors import TreeError
 
 
 def _as_token(value, node: int) -> int:
-    if type(value) is int and value >= 0:  # the common case, without the ABC checks
+    if type(value) is int and 0 <= value <= INT32_MAX:  # the common case, without the ABC checks
         return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
         raise TreeError(f"node {node}: token {value!r} is not an integer")
     if value < 0:
         raise TreeError(f"node {node}: token {value} is negative")
+    if value > INT32_MAX:
+        raise TreeError(f"node {node}: token {value} does not fit an int32 token id")
     return int(value)
+
+
+def _count(value, name: str, minimum: int) -> int:
+    """An offset, history length or window: an integer (never a bool or a
+    float: a NaN window would mask every key) at least ``minimum``."""
+    if type(value) is not int:
+        if not is_integer(value):
+            raise TreeError(f"{name} must be an integer, got {value!r}")
+        value = int(value)
+    if value < minimum:
+        raise TreeError(f"{name} must be >= {minimum}, got {value}")
+    return value
 
 
 def _as_parent(value, node: int) -> int:
@@ -120,10 +135,18 @@ class DraftTree:
     def is_linear(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self._parents))
 
-    def path_to(self, node: int) -> list:
-        """Node indices from the root to ``node``, inclusive."""
+    def _node(self, node) -> int:
+        if type(node) is not int:
+            if not is_integer(node):
+                raise TreeError(f"node {node!r} is not an integer node index")
+            node = int(node)
         if not 0 <= node < len(self):
             raise TreeError(f"node {node} is not in a tree of {len(self)} nodes")
+        return node
+
+    def path_to(self, node: int) -> list:
+        """Node indices from the root to ``node``, inclusive."""
+        node = self._node(node)
         path = []
         while node != -1:
             path.append(node)
@@ -132,8 +155,7 @@ class DraftTree:
 
     def children(self, node: int) -> list:
         """Children of ``node`` in node order (the walk's tie-break order)."""
-        if not 0 <= node < len(self):
-            raise TreeError(f"node {node} is not in a tree of {len(self)} nodes")
+        node = self._node(node)
         return [i for i, p in enumerate(self._parents) if p == node]
 
     def leaves(self) -> list:
@@ -167,13 +189,12 @@ class DraftTree:
         keeps key position k for query position q when ``q - k < window``,
         exactly as ``create_causal_mask`` does.
         """
-        if offset < 0:
-            raise TreeError(f"offset must be >= 0, got {offset}")
-        history = offset if history is None else history
-        if not 0 <= history <= offset:
+        offset = _count(offset, "offset", 0)
+        history = offset if history is None else _count(history, "history", 0)
+        if history > offset:
             raise TreeError(f"history {history} must lie in 0..offset ({offset})")
-        if window_size is not None and window_size < 1:
-            raise TreeError(f"window_size must be >= 1, got {window_size}")
+        if window_size is not None:
+            window_size = _count(window_size, "window_size", 1)
         depths = np.asarray(self._depths)
         n = len(self)
         mask = np.empty((n, history + n), dtype=bool)
@@ -213,6 +234,10 @@ class DraftTree:
         return mx.where(mx.array(allowed), mx.array(0, dtype), neg)
 
     def positions_np(self, offset: int = 0) -> np.ndarray:
+        offset = _count(offset, "offset", 0)
+        if offset + self.depth() > INT32_MAX:
+            raise TreeError(f"offset {offset}: positions up to {offset + self.depth()} do not "
+                            "fit int32 (mx.fast.rope's offsets)")
         return offset + np.asarray(self._depths, dtype=np.int32)
 
     def positions(self, offset: int = 0) -> mx.array:

@@ -8,7 +8,22 @@ exactly as the chain (pinned in suites/topology).
 from dataclasses import dataclass
 from typing import Sequence
 
+from .checks import INT32_MAX, integer_array, is_integer
 from .tree import DraftTree
+
+
+def _ids(values, name: str) -> list:
+    """Token ids as ints: a -1, a NaN or a None is no token and must not be
+    emitted as one."""
+    ids = list(integer_array(values, name))
+    for i, v in enumerate(ids):
+        if type(v) is not int or not 0 <= v <= INT32_MAX:
+            if not is_integer(v):
+                raise TypeError(f"{name}[{i}]: {v!r} is not an integer token id")
+            if not 0 <= v <= INT32_MAX:
+                raise ValueError(f"{name}[{i}]: {v} is not a token id (ids are 0..{INT32_MAX})")
+            ids[i] = int(v)
+    return ids
 
 
 @dataclass(frozen=True)
@@ -29,7 +44,8 @@ def chain_walk(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> Wal
     are the accepted drafts followed by the target's token at the first
     mismatch (or its bonus token when every draft was accepted).
     """
-    draft_tokens, target_tokens = list(draft_tokens), list(target_tokens)
+    draft_tokens = _ids(draft_tokens, "draft_tokens")
+    target_tokens = _ids(target_tokens, "target_tokens")
     if len(target_tokens) != len(draft_tokens) + 1:
         raise ValueError(
             f"chain_walk needs one target token per draft plus one: "
@@ -48,7 +64,7 @@ def tree_walk(tree: DraftTree, target_tokens: Sequence[int]) -> Walk:
     child can match the target's single token; when siblings carry the same
     token the first in node order wins, so the accepted set is a root path.
     """
-    target_tokens = list(target_tokens)
+    target_tokens = _ids(target_tokens, "target_tokens")
     if len(target_tokens) != len(tree):
         raise ValueError(
             f"tree_walk needs one target token per node: "

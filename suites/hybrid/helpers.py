@@ -9,7 +9,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 
 from treespec.tree import DraftTree  # noqa: F401  (re-exported for the tests)
 from treespec.verify import adapter_for
-from treespec.verify.mixers import recurrent_mixers
+from treespec.mixers import discover
 
 FAMILIES = ("qwen3_5", "qwen3_next")
 
@@ -189,9 +189,9 @@ def mixer(family):
     if family not in _MIXER_CACHE:
         if family in FAMILIES:
             model = build(family)
-            i, layer, attr = recurrent_mixers(model)[0]
-            m = getattr(layer, attr)
-            slots = len(model.make_cache()[i].cache)
+            first = discover(model).mixers[0]
+            m = first.module
+            slots = len(model.make_cache()[first.where[0]].cache)
         else:
             m = _built_mixer(family)
             slots = 2 if family == "kimi_k3" else 4

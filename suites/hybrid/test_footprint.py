@@ -1,7 +1,8 @@
 """Memory bound of the tree-aware recurrence: per-node states cost
 4 Hv Dv Dk bytes (float32 recurrent state) plus the conv windows, per node
 and per recurrent layer. Trees over the limit are refused before anything is
-written, and the refusal says how big, what limit, and how to raise it."""
+written, and the refusal says how big, what limit, and how to raise it.
+(Every other mixer's footprint: suites/families/test_footprints.py.)"""
 
 import mlx.core as mx
 import pytest
@@ -20,8 +21,8 @@ from treespec.verify.footprint import (
     footprint_breakdown,
     state_footprint,
 )
-from treespec.verify.gdn_tree import TreeGatedDelta, TreeGatedDeltaNet, tree_recurrence
-from treespec.verify.mixers import recurrent_mixers
+from treespec.mixers import discover
+from treespec.verify.recurrence import TreeMixer, TreeRecurrence, tree_recurrence
 
 pytestmark = pytest.mark.exactness
 
@@ -88,7 +89,7 @@ def _state(model, cache):
             out.append(("arrays", tuple(id(a) for a in c.cache), c.left_padding, c.lengths))
         else:
             out.append(("kv", id(c.keys), id(c.values), c.offset))
-    mixers = tuple(id(getattr(l, a)) for _, l, a in recurrent_mixers(model))
+    mixers = tuple(id(m.current()) for m in discover(model).mixers)
     return out, mixers
 
 
@@ -102,9 +103,9 @@ def test_refusal_fires_before_anything_is_written(family, how, monkeypatch):
     need = footprint_breakdown(model, len(tree))["total_bytes"]
     if how == "env":
         monkeypatch.setenv(MAX_BYTES_ENV, str(need - 1))
-        strategy = TreeGatedDelta()
+        strategy = TreeRecurrence()
     else:
-        strategy = TreeGatedDelta(limit=need - 1)
+        strategy = TreeRecurrence(limit=need - 1)
     before = _state(model, cache)
     with pytest.raises(TreeRefused) as err:
         H.verify(model, tree, cache, strategy)
@@ -115,7 +116,7 @@ def test_refusal_fires_before_anything_is_written(family, how, monkeypatch):
         assert H.same_arrays_cache(a, b) if isinstance(a, ArraysCache) else H.same_kv(a, b)
     assert strategy._last is None
     # exactly at the limit it runs
-    strategy = TreeGatedDelta(limit=need)
+    strategy = TreeRecurrence(limit=need)
     H.verify(model, tree, cache, strategy)
 
 
@@ -124,6 +125,7 @@ def test_tree_recurrence_refuses_and_restores():
     cache = H.prefill(model, [1, 2])
     tree = DraftTree([1, 2, 3], [-1, 0, 0])
     before = _state(model, cache)
+    found = discover(model)
     with pytest.raises(TreeRefused):
         with tree_recurrence(model, tree, cache, limit=1):
             pass
@@ -131,21 +133,21 @@ def test_tree_recurrence_refuses_and_restores():
     # an error inside the block still puts the original mixers back
     with pytest.raises(RuntimeError):
         with tree_recurrence(model, tree, cache):
-            assert all(isinstance(getattr(l, a), TreeGatedDeltaNet) for _, l, a in recurrent_mixers(model))
+            assert found.mixers and all(isinstance(m.current(), TreeMixer) for m in found.mixers)
             raise RuntimeError("boom")
     assert _state(model, cache) == before
 
 
 def test_a_registered_factory_gives_each_adapter_its_own_strategy():
-    saved = rec._RECURRENT["gated_delta"]
+    saved = rec._RECURRENT[rec.TREE]
     made = []
 
     def factory():
-        made.append(TreeGatedDelta())
+        made.append(TreeRecurrence())
         return made[-1]
 
     try:
-        register_recurrent("gated_delta", factory)
+        register_recurrent(rec.TREE, factory)
         model = H.build("qwen3_5")
         a, b = adapter_for(model), adapter_for(model)
         assert (a.recurrent, b.recurrent) == (made[0], made[1]) and made[0] is not made[1]
@@ -156,6 +158,6 @@ def test_a_registered_factory_gives_each_adapter_its_own_strategy():
         a.commit(cache, tree, [0, 2])
         # A strategy object would be shared by every adapter: refused.
         with pytest.raises(TypeError, match="factory"):
-            register_recurrent("gated_delta", TreeGatedDelta())
+            register_recurrent(rec.TREE, TreeRecurrence())
     finally:
-        rec._RECURRENT["gated_delta"] = saved
+        rec._RECURRENT[rec.TREE] = saved

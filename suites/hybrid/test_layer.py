@@ -1,5 +1,5 @@
-"""Tree-aware gated-delta recurrence at the layer level, for every mlx-lm
-family whose recurrent mixer calls ``gated_delta_update``.
+"""Tree-aware recurrence at the layer level, for every mlx-lm gated-delta
+mixer (the model level, every other mixer: suites/families).
 
 Reference: the unmodified mixer run over one node's root path, as a plain
 forward, from the same cache state. Everything is compared bit for bit."""
@@ -13,12 +13,9 @@ from mlx_lm.models.cache import ArraysCache
 from suites.hybrid import helpers as H
 from suites.helpers_strategies import branching_trees, trees
 from treespec.tree import DraftTree
-from treespec.verify.gdn_tree import (
-    TreeGatedDeltaNet,
-    TreeRefused,
-    _slots_fn,
-    tree_mixer_forward,
-)
+from treespec.errors import TreeRefused
+from treespec.verify import recurrence
+from treespec.verify.recurrence import TreeMixer, tree_mixer_forward
 
 pytestmark = pytest.mark.exactness
 
@@ -59,16 +56,6 @@ def test_every_node_equals_a_plain_forward_over_its_root_path(family, tree, pref
 
 
 @pytest.mark.parametrize("family", H.LAYER_FAMILIES)
-def test_the_per_node_slot_table_matches_the_cache(family):
-    # state_footprint and the mixer table (treespec.verify.mixers) rest on these shapes.
-    m, slots = H.mixer(family)
-    cache = H.mixer_cache(m, slots, 3, 0)
-    assert [tuple(a.shape[1:]) for a in cache.cache] == [tuple(s) for s in _slots_fn(m)(m)]
-    recurrent = [a.dtype for a in cache.cache if a.ndim == 4]
-    assert recurrent == [mx.float32]
-
-
-@pytest.mark.parametrize("family", H.LAYER_FAMILIES)
 @settings(max_examples=50)
 @given(
     tree=trees(max_nodes=16),
@@ -89,9 +76,11 @@ def test_commit_equals_a_cache_that_only_saw_the_path(family, tree, prefix, seed
     ref = _copy(cache)
     _plain(m, x[:, tree.path_to(node)], ref)
 
-    wrapper = TreeGatedDeltaNet(m, tree)
+    wrapper = TreeMixer(m, tree)
     wrapper(x, cache.make_mask(len(tree)), cache)
-    wrapper.states.write(cache, node)
+    (entry, states), = wrapper.records
+    assert entry is cache
+    states.write(cache, node)
     assert H.same_arrays_cache(cache, ref)
 
     steps = mx.random.normal((k, 1, 1, H.D_MODEL), key=mx.random.key(seed + 2))
@@ -167,21 +156,20 @@ def test_padded_or_batched_caches_are_refused_untouched(mode):
     tree = DraftTree([1, 2, 3], [-1, 0, 0])
     x = mx.random.normal((1, 3, H.D_MODEL), key=mx.random.key(2))
     with pytest.raises(TreeRefused) as err:
-        TreeGatedDeltaNet(m, tree)(x, None, cache)
+        TreeMixer(m, tree)(x, None, cache)
     assert "refused" in str(err.value) or "batch size" in str(err.value)
     assert H.same_arrays_cache(cache, snap)
 
 
 def test_the_metal_kernel_path_is_refused_by_name(monkeypatch):
-    from treespec.verify import gdn_tree
-
     m, slots = H.mixer("qwen3_5")
     cache = H.mixer_cache(m, slots, 3, 1)
     snap = _copy(cache)
-    monkeypatch.setattr(gdn_tree, "_kernel_path", lambda module: True)
-    monkeypatch.delenv(gdn_tree.KERNEL_ENV, raising=False)
+    monkeypatch.setattr(recurrence, "_kernel_path", lambda module: True)
+    monkeypatch.delenv(recurrence.KERNEL_ENV, raising=False)
+    monkeypatch.delenv(recurrence.OLD_KERNEL_ENV, raising=False)
     tree = DraftTree([1, 2, 3], [-1, 0, 0])
     x = mx.random.normal((1, 3, H.D_MODEL), key=mx.random.key(2))
-    with pytest.raises(TreeRefused, match="Metal kernel.*TREESPEC_GDN_KERNEL=allow"):
+    with pytest.raises(TreeRefused, match="Metal kernel.*TREESPEC_RECURRENT_KERNEL=allow"):
         tree_mixer_forward(m, x, tree, cache)
     assert H.same_arrays_cache(cache, snap)

@@ -13,7 +13,7 @@ from suites.hybrid import helpers as H
 from suites.helpers_strategies import branching_trees, trees
 from treespec.verify import adapter_for
 from treespec.verify.footprint import footprint_breakdown
-from treespec.verify.gdn_tree import TreeGatedDelta
+from treespec.verify.recurrence import TreeRecurrence
 
 pytestmark = pytest.mark.exactness
 
@@ -40,7 +40,7 @@ def test_every_node_equals_a_plain_forward_over_its_root_path(variant, tree, pro
     model = H.build(*variant)
     cache = H.prefill(model, prompt)
     base = H.snapshot(cache)
-    logits = H.verify(model, tree, cache, TreeGatedDelta())
+    logits = H.verify(model, tree, cache, TreeRecurrence())
     refs = mx.stack([H.path_logits(model, base, _path_tokens(tree, i))[0] for i in range(len(tree))])
     assert H.mismatched(refs, logits) == []
 
@@ -60,7 +60,7 @@ def test_commit_then_decode_equals_a_model_that_only_saw_the_path(variant, tree,
     model = H.build(*variant)
     cache = H.prefill(model, prompt)
     base = H.snapshot(cache)
-    adapter = adapter_for(model, recurrent=TreeGatedDelta())
+    adapter = adapter_for(model, recurrent=TreeRecurrence())
     logits = adapter.verify(tree, cache)
     node = pick % len(tree)
     path = tree.path_to(node)
@@ -105,7 +105,7 @@ def test_footprint_is_the_memory_the_states_hold(variant):
     model = H.build(*variant)
     cache = H.prefill(model, [1, 2, 3])
     tree = H.DraftTree([4, 5, 6, 7, 8, 9, 10], [-1, 0, 0, 1, 2, 2, 5])
-    adapter = adapter_for(model, recurrent=TreeGatedDelta())
+    adapter = adapter_for(model, recurrent=TreeRecurrence())
     mx.eval(adapter.verify(tree, cache))
     held = sum(a.nbytes for _, states in adapter._last.captures.kept for a in states.arrays())
     assert held == footprint_breakdown(model, len(tree))["total_bytes"]

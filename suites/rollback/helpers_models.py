@@ -21,10 +21,7 @@ from treespec import zoo
 from treespec.rollback import capture_recurrent_inputs, commit_path, snapshot
 from treespec.verify import TreeRefused, adapter_for
 
-try:  # the tree-aware recurrence, where it exists
-    from treespec.verify.gdn_tree import TreeGatedDelta
-except ImportError:  # pragma: no cover
-    TreeGatedDelta = None
+from treespec.verify.recurrence import TreeRecurrence
 
 RECURRENT = ("qwen3_5", "qwen3_next")
 
@@ -112,8 +109,9 @@ class _Capturing:
 
     @contextmanager
     def inject(self, model, caches, tree):
+        mixers = self.inner.discovery(model).mixers  # found before the swap
         with self.inner.inject(model, caches, tree):
-            with capture_recurrent_inputs(model) as captures:
+            with capture_recurrent_inputs(model, mixers) as captures:
                 self.captures = captures
                 yield
 
@@ -125,7 +123,7 @@ def verify(family, tree, caches):
     m = model(family)
     try:
         if recurrent(family) and not tree.is_linear():
-            strategy = _Capturing(TreeGatedDelta())
+            strategy = _Capturing(TreeRecurrence())
             return adapter_for(m, recurrent=strategy).verify(tree, caches), strategy.captures
         # A chain (and a single node) is a plain forward: nothing is swapped,
         # so capture around it.
@@ -185,7 +183,7 @@ def rounds_then_decode(family, setup, history, rounds, later):
 
 # Other mlx-lm families whose recurrent mixers keep their state in an
 # ArraysCache (layer.mixer in mamba/mamba2, layer.conv in lfm2): tiny random
-# models, fed chains only (nothing verifies a branching tree through them).
+# models, fed chains here (their branching trees: suites/families).
 OTHER_RECURRENT = {
     "mamba": dict(
         vocab_size=64, hidden_size=32, intermediate_size=64, state_size=8,

@@ -22,7 +22,6 @@ from suites.rollback.helpers_models import (
     OTHER_RECURRENT,
     RECURRENT,
     SETUPS,
-    TreeGatedDelta,
     applicable,
     make_caches,
     model,
@@ -48,7 +47,7 @@ TOKENS = st.integers(0, zoo.VOCAB_SIZE - 1)
 def branching_ok(family, setup):
     # A wrapped keep>0 window is refused by treespec.verify for branching
     # trees; linear ones still run (as a plain forward).
-    return setup != "rotating-w12-keep4" and (not recurrent(family) or TreeGatedDelta)
+    return setup != "rotating-w12-keep4"
 
 
 CHAIN = DraftTree.linear([21, 22, 23, 24, 25])

@@ -12,13 +12,14 @@ from mlx_lm.models.cache import (
     RotatingKVCache,
     make_prompt_cache,
 )
+from mlx_lm.models import llama
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
-from mlx_lm.utils import _get_classes
 
 from suites.verify import helpers
 from suites.verify.helpers import (HYBRID, assert_refused_untouched,
                                    assert_rows_are_root_path_forwards, clone, fingerprint)
 from treespec import zoo
+from treespec.decode import decode
 from treespec.tree import DraftTree
 from treespec.verify import ChainOnly, TreeRefused, adapter_for
 
@@ -75,23 +76,48 @@ def test_an_unsupported_rope_is_refused_and_caches_unchanged(rope, words):
         adapter_for(model)
 
 
-def tiny(config: dict):
-    mx.random.seed(0)
-    model_class, args_class = _get_classes(config=config)
-    model = model_class(args_class.from_dict(config))
-    mx.eval(model.parameters())
-    return model
+class FlatPositionAttention(llama.Attention):
+    """A user's attention that scales its queries by the position it reads off
+    the cache (offset + arange(L)): over a flattened tree node i would get
+    offset + i, its root path gives offset + depth."""
+
+    def __call__(self, x, mask=None, cache=None):
+        offset = cache.offset if cache is not None else 0
+        scale = 1.0 + 0.01 * (mx.arange(x.shape[1]) + offset)[:, None].astype(x.dtype)
+        return super().__call__(x * scale, mask, cache)
 
 
-def test_an_unaudited_family_is_refused_by_name():
-    """gpt2 adds learned position embeddings outside any rope: a tree verify
-    would silently use flattened positions. Unaudited families are refused."""
-    gpt2 = tiny(
-        {"model_type": "gpt2", "n_ctx": 64, "n_embd": 32, "n_head": 2, "n_layer": 1,
-         "n_positions": 64, "layer_norm_epsilon": 1e-5, "vocab_size": 64}
-    )
-    with pytest.raises(TreeRefused, match="'gpt2'.*not an audited"):
-        adapter_for(gpt2)
+class UserModel(llama.Model):
+    """A model class outside mlx-lm: the same llama, under another name."""
+
+
+def test_position_arithmetic_outside_the_ropes_is_refused_naming_the_function():
+    model = fresh_llama()
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = FlatPositionAttention
+    with pytest.raises(TreeRefused) as err:
+        adapter_for(model)
+    assert "FlatPositionAttention.__call__" in err.value.reason
+    assert "arange" in err.value.reason and "flattened" in err.value.reason
+
+
+def test_a_model_without_an_audit_record_is_accepted_and_says_so():
+    """No list of names: a model class treespec has never seen is accepted by
+    its structure, verifies exactly, and its diagnostics say it has no
+    audit record."""
+    base = fresh_llama()
+    model = UserModel(base.args)
+    model.update(base.parameters())
+    adapter = adapter_for(model)
+    assert adapter.family.record == "structurally accepted, no audit record"
+    assert "no audit record" in repr(adapter) and "no audit record" in adapter.note
+    cache = helpers.history(6).replay(model)
+    before = clone(cache)
+    assert_rows_are_root_path_forwards(model, before, BRANCHING, adapter.verify(BRANCHING, cache))
+    assert adapter_for(base).note is None  # the zoo's llama has one
+    notes = decode(model, [1, 2, 3], mode="tree", draft_model=model, budget=3,
+                   max_tokens=4).stats.notes
+    assert any("no audit record" in n for n in notes), notes
 
 
 def test_a_wrapped_rotating_cache_with_kept_tokens_is_refused():

@@ -10,7 +10,7 @@ from suites.verify.helpers import HYBRID, History, clone, plain_rows, assert_row
 from treespec import caches, zoo
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
-from treespec.verify.gdn_tree import TreeGatedDelta
+from treespec.verify.recurrence import TreeRecurrence
 
 pytestmark = pytest.mark.exactness
 
@@ -91,10 +91,10 @@ def test_feeding_a_tree_in_parts_is_refused_on_a_rotating_window():
 @pytest.mark.parametrize("family", HYBRID)
 def test_a_registered_tree_recurrence_lifts_the_branching_refusal(family):
     """The hook: a strategy that can carry a tree through the recurrence
-    (treespec.verify.gdn_tree) replaces ChainOnly for one adapter."""
+    (treespec.verify.recurrence) replaces ChainOnly for one adapter."""
 
     model = helpers.model(family)
-    adapter = adapter_for(model, recurrent=TreeGatedDelta())
+    adapter = adapter_for(model, recurrent=TreeRecurrence())
     tree = helpers.branching_trees(family)["two-chains"]
     cache = helpers.histories(family)[1].replay(model)
     before = clone(cache)

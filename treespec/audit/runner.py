@@ -12,6 +12,7 @@ import mlx_lm
 from .. import blas
 from ..errors import TreeRefused
 from ..gate import configuration
+from .attribution import attributed, mlx_lm_failure
 from .e2e_props import check_e2e, drafter_note
 from .probe_props import check_probe
 from .records import FAIL, INEXACT, PASS, SKIP, Check, Options, Report
@@ -35,18 +36,36 @@ PROPERTIES = (
 
 
 def _per_mode(fn):
+    """One row per cache mode: a mode where mlx-lm alone fails says so
+    (treespec.audit.attribution) instead of running treespec in it, and a
+    crash in one mode is that mode's row; the other modes still run."""
+    prop = fn.__name__[6:].replace('_', '-')
+
     def run(s: Subject) -> List[Check]:
         modes, why_not = cache_modes(s.model)
         out = []
         for m in modes:
             t0 = time.perf_counter()
-            out.append(fn(s, m))
+            why = mlx_lm_failure(s, m)
+            if why is not None:
+                out.append(Check(status=SKIP, **attributed(prop, m, why)))
+            else:
+                try:
+                    out.append(fn(s, m))
+                except Exception as e:
+                    out.append(_crashed(f"{prop}[{m.name}]", e))
             out[-1].seconds = time.perf_counter() - t0
         if why_not:
-            out.append(Check(f"{fn.__name__[6:].replace('_', '-')}[kv-quant]", SKIP, f"n/a: {why_not}"))
+            out.append(Check(f"{prop}[kv-quant]", SKIP, f"n/a: {why_not}"))
         return out
 
     return run
+
+
+def _crashed(name: str, e: Exception) -> Check:
+    tb = traceback.extract_tb(e.__traceback__)[-1]
+    return Check(name, FAIL, f"crashed: {type(e).__name__}: {e} ({Path(tb.filename).name}:{tb.lineno})",
+                 {"message": f"{type(e).__name__}: {e}"})
 
 
 CHECKS = {
@@ -75,10 +94,7 @@ def check(prop: str, s: Subject) -> List[Check]:
     try:
         out = CHECKS[prop](s)
     except Exception as e:
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        out = [Check(prop, FAIL, f"crashed: {type(e).__name__}: {e} "
-                     f"({Path(tb.filename).name}:{tb.lineno})",
-                     {"message": f"{type(e).__name__}: {e}"})]
+        out = [_crashed(prop, e)]
     dt = time.perf_counter() - t0
     for c in out:
         c.seconds = c.seconds or dt / len(out)

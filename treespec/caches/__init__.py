@@ -15,6 +15,9 @@ module asks ``isinstance`` of a cache:
     snapshot(c)               references to the pre-verify state a commit needs
     plan_commit(...)          validate a commit of the accepted path; return its writes
 
+and, for every mode alike, ``hold(cache)`` / ``put_back(held)``: every
+attribute as it is now, to undo a forward that raised (treespec.verify.guard).
+
 Lookup is by exact class (:func:`mode_of`): a subclass may change the layout
 these entries rely on, so it gets no entry and is refused by whoever asks.
 
@@ -32,6 +35,7 @@ the lookups every other module uses).
 
 from typing import Callable, Dict, Optional, Sequence
 
+import mlx.core as mx
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
@@ -47,9 +51,9 @@ from .attention import Appending, Chunked, Concatenate, Rotating, rotating_kept,
 from .base import Mode, refuse
 from .recurrent import Arrays
 
-__all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts", "windows",
-           "holds_recurrent", "mode_of", "offset", "offset_of", "plan_commit", "refuse",
-           "rotating_kept", "rotating_present"]
+__all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts", "hold",
+           "holds_recurrent", "leaves", "mode_of", "offset", "offset_of", "plan_commit",
+           "put_back", "refuse", "rotating_kept", "rotating_present", "windows", "written"]
 
 
 class Listed(Mode):
@@ -109,11 +113,31 @@ def offset_of(c) -> Optional[int]:
     return mode_of(c).offset(c)
 
 
+def leaves(cache: Sequence) -> list:
+    """``(where, cache)`` of every cache in a model's cache list, the entries
+    of a CacheList in its place: ``where`` is ``(layer,)`` or ``(layer,
+    entry)``."""
+    out = []
+    for i, c in enumerate(cache):
+        if type(c) is CacheList:
+            out += [((i, j), s) for j, s in enumerate(c.caches)]
+        else:
+            out.append(((i,), c))
+    return out
+
+
+def written(c) -> bool:
+    return mode_of(c).written(c)
+
+
 def offset(cache: Sequence) -> Optional[int]:
     """Tokens a model's cache list has seen (the next token's position): the
     offset of its positional entries, None when it has none (a purely
-    recurrent model). Raises if they disagree."""
-    offsets = {o for o in map(offset_of, cache) if o is not None}
+    recurrent model). Raises if they disagree. An attention cache no forward
+    ever wrote (a layer that never attends) has no say once another has been
+    written."""
+    found = [(o, written(c)) for _, c in leaves(cache) for o in [offset_of(c)] if o is not None]
+    offsets = {o for o, w in found if w} or {o for o, _ in found}
     if len(offsets) > 1:
         raise ValueError(f"the caches disagree on their offset: {sorted(offsets)}")
     return offsets.pop() if offsets else None
@@ -130,7 +154,8 @@ def windows(cache: Sequence) -> list:
 
 
 def attention_caches(cache: Sequence) -> list:
-    return [c for c in cache if mode_of(c).attention]
+    """Every attention cache, CacheList entries included."""
+    return [c for _, c in leaves(cache) if mode_of(c).attention]
 
 
 def grows_in_parts(cache: Sequence) -> bool:
@@ -152,6 +177,11 @@ def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Call
     mode = mode_of(c)
     if mode is _UNKNOWN:
         refuse(c, where, "unknown cache class: no exact rollback is known for it")
+    if mode.attention and not mode.written(c) and c.offset == 0 and (
+            entry is None or entry.offset == 0):
+        # No forward ever wrote it, the verify's neither: a layer that never
+        # attends (nemotron-nas's no-op attention). Nothing to commit.
+        return lambda: ([], lambda: [])
     if entry is not None:
         if entry.cls is not type(c):
             refuse(c, where, f"the snapshot holds a {entry.cls.__name__} here")
@@ -159,3 +189,62 @@ def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Call
             refuse(c, where, f"snapshot offset {entry.offset} is not offset {tail.offset}: "
                    "the snapshot was not taken right before this verify")
     return mode.plan_commit(c, where, tail, entry, recurrent)
+
+
+class _Held:
+    """One cache object and its attributes as they were."""
+
+    __slots__ = ("c", "attrs")
+
+    def __init__(self, c):
+        self.c = c
+        self.attrs = {k: _held(v) for k, v in vars(c).items()}
+
+
+# ``copy`` of an mx.array shares its buffer and keeps the value it has now:
+# an in-place update (``a[..., i:j, :] = b``, as KVCache and a ring's
+# one-token step write) gives the original Python object a new value and
+# leaves the copy's alone. No data is copied.
+_copy_array = mx.array.__copy__
+
+
+def _held(v):
+    kind = type(v)
+    if kind is mx.array:
+        return _copy_array(v)
+    if kind is int or v is None:
+        return v
+    if kind is list or kind is tuple:
+        return kind(_held(x) for x in v)
+    if kind in MODES:  # a CacheList's caches
+        return _Held(v)
+    return v
+
+
+def _restored(v):
+    if isinstance(v, _Held):
+        vars(v.c).clear()
+        vars(v.c).update({k: _restored(x) for k, x in v.attrs.items()})
+        return v.c
+    if type(v) in (list, tuple):
+        return type(v)(_restored(x) for x in v)
+    return v
+
+
+def hold(cache: Sequence) -> list:
+    """Every cache's attributes as they are now, for :func:`put_back`.
+
+    All mlx-lm caches keep their whole state in instance attributes (arrays,
+    offsets, ring indices, lists of recurrent slots, a CacheList's caches),
+    so holding the attributes, arrays by reference to their current values,
+    holds the state. Costs no copy; once dropped, nothing of it remains."""
+    return [_Held(c) for c in cache]
+
+
+def put_back(held: list) -> None:
+    """Make every held cache what it was when :func:`hold` was called:
+    offsets, rings, recurrent slots, and arrays with the values they had
+    (whatever was written into them since: while the hold references a
+    buffer, no evaluation can reuse it for a write)."""
+    for h in held:
+        _restored(h)

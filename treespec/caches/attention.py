@@ -22,6 +22,9 @@ class Appending(Mode):
     def offset(self, c):
         return c.offset
 
+    def written(self, c):
+        return c.keys is not None
+
     def verify_refusal(self, c):
         return _batch_refusal(c)
 
@@ -57,7 +60,12 @@ class Chunked(Appending):
     grows_in_parts = False
 
     def verify_refusal(self, c):
-        return Mode.verify_refusal(self, c)
+        # The one family that makes it (llama4) builds its chunk mask in the
+        # model from flattened row indices (mx.arange), never asking the cache:
+        # a tree mask cannot be injected there.
+        return ("ChunkedKVCache is not a cache whose mask a tree verify can replace: "
+                "chunked attention (llama4) builds its chunk mask from flattened row "
+                "indices, not through cache.make_mask")
 
     def save(self, c):
         return Mode.save(self, c)
@@ -99,6 +107,9 @@ class Concatenate(Mode):
 
     def offset(self, c):
         return c.offset
+
+    def written(self, c):
+        return c.keys is not None
 
     def verify_refusal(self, c):
         if c.keys is not None and c.keys.shape[2] != c.offset:
@@ -158,6 +169,9 @@ class Rotating(Mode):
 
     def offset(self, c):
         return c.offset
+
+    def written(self, c):
+        return c.keys is not None
 
     def verify_refusal(self, c):
         present = rotating_present(c)

@@ -50,6 +50,13 @@ class Mode:
     def holds_recurrent(self, c) -> bool:
         return self.recurrent
 
+    def written(self, c) -> bool:
+        """Whether any forward ever wrote into it. An attention cache no
+        forward writes belongs to a layer that never attends (nemotron-nas's
+        no-op and linear attention layers): it has no say in the offset and
+        nothing to commit."""
+        return True
+
     def verify_refusal(self, c) -> Optional[str]:
         return f"{type(c).__name__} is not a cache whose mask a tree verify can replace"
 

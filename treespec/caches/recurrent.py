@@ -39,9 +39,8 @@ class Arrays(Mode):
         if left_padding0 is not None or lengths0 is not None:
             refuse(c, where, "batched recurrent caches (left_padding/lengths) are not supported")
         calls = recurrent.calls_for(c)
-        if len(calls) != 1:
-            refuse(c, where, f"captured {len(calls)} calls of its mixer, expected exactly the "
-                   "verify's one")
+        if not calls:
+            refuse(c, where, "captured 0 calls of its mixer, expected the verify's")
 
         def reset():
             c.cache, c.left_padding, c.lengths = list(arrays0), left_padding0, lengths0
@@ -57,13 +56,19 @@ class Arrays(Mode):
                 return [a for a in c.cache if a is not None]
 
             return lambda: ([], write_kept)
-        layer, name, args, kwargs = calls[0]
-        module = getattr(layer, name)
-        if recurrent.is_recorder(module):
-            refuse(c, where, "commit inside capture_recurrent_inputs: the mixer is still swapped")
-        inputs = args[0] if args else None
-        if not isinstance(inputs, mx.array) or inputs.ndim < 2 or inputs.shape[1] != tail.n:
-            refuse(c, where, f"the captured mixer input does not hold the {tail.n} tree nodes")
+        # Replayed in the verify's order: modules sharing one cache (rwkv7's
+        # time and channel mixing) each write their own slots.
+        replays = []
+        for layer, name, args, kwargs in calls:
+            module = layer[name] if isinstance(layer, (list, dict)) else getattr(layer, name)
+            if recurrent.is_recorder(module):
+                refuse(c, where, "commit inside capture_recurrent_inputs: the mixer is still "
+                       "swapped")
+            inputs = args[0] if args else next(iter(kwargs.values()), None)
+            if not isinstance(inputs, mx.array) or inputs.ndim < 2 or inputs.shape[1] != tail.n:
+                refuse(c, where, f"the captured mixer input does not hold the {tail.n} tree "
+                       "nodes")
+            replays.append((module, args, kwargs))
 
         def replay():
             idx = mx.array(tail.path, dtype=mx.int32)
@@ -74,7 +79,8 @@ class Arrays(Mode):
                 return a
 
             reset()
-            module(*map(along_path, args), **{k: along_path(v) for k, v in kwargs.items()})
+            for module, args, kwargs in replays:
+                module(*map(along_path, args), **{k: along_path(v) for k, v in kwargs.items()})
             return [a for a in c.cache if a is not None]
 
         return lambda: ([], replay)

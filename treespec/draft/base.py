@@ -139,7 +139,10 @@ class Drafter:
         self.model = model
         self.adapter = adapter if adapter is not None else adapter_for(model)
         self.cache = make_prompt_cache(model)
-        self.compacting = caches.grows_in_parts(self.cache)
+        # Grown level by level only where both the caches and the adapter
+        # (treespec.verify: not through re-indexed per-position values) allow it.
+        self.compacting = (caches.grows_in_parts(self.cache)
+                           and getattr(self.adapter, "feeds_in_parts", True))
         self.pending = []
         self._step = prefill_step_size
         self._feed(prompt_without_root)
@@ -154,9 +157,11 @@ class Drafter:
         for c, s in zip(self.cache, self._saved):
             caches.mode_of(c).restore(c, s)
 
-    def _offset(self) -> int:
+    def _offset(self) -> Optional[int]:
+        """The draft cache's length, which only a compacting commit needs
+        (a purely recurrent draft model has none)."""
         off = caches.offset(self.cache)
-        if off is None:
+        if off is None and self.compacting:
             raise ValueError("the draft model's cache has no positional entry to read an offset from")
         return off
 

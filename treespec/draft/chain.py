@@ -4,6 +4,7 @@ from typing import Optional
 
 import mlx.core as mx
 
+from ..checks import integer
 from ..gate import shapes_for
 from .base import DeviceRound, Drafter, Round
 
@@ -15,6 +16,7 @@ class ChainDrafter(Drafter):
 
     def __init__(self, block: int):
         super().__init__()
+        block = integer(block, "block")
         if block < 1:
             raise ValueError(f"chain block must be >= 1 (the root alone), got {block}")
         self.block = block

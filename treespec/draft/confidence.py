@@ -5,6 +5,7 @@ import heapq
 import random
 from typing import Optional
 
+from ..checks import integer
 from ..gate import shapes_for
 from ..tree import DraftTree
 from .base import DraftRound
@@ -25,10 +26,11 @@ class ConfidenceDrafter(_TopKTree):
 
     def __init__(self, budget: int, width: int = 4, depth: Optional[int] = None):
         super().__init__()
+        budget, width = integer(budget, "budget"), integer(width, "width")
         if budget < 0 or width < 1:
             raise ValueError(f"need budget >= 0 and width >= 1, got {budget}, {width}")
         self._budget, self.width = budget, width
-        self.depth = depth if depth is not None else max(1, budget)
+        self.depth = integer(depth, "depth", 1) if depth is not None else max(1, budget)
 
     def budget(self) -> int:
         return self._budget

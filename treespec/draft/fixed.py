@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
+from ..checks import integer
 from ..gate import shapes_for
 from ..tree import DraftTree
 from .base import DeviceRound, DraftRound, Drafter, Round, logprobs_of, top_ids
@@ -37,14 +38,15 @@ class FixedTreeDrafter(_TopKTree):
         if (branching is None) == (parents is None):
             raise ValueError("give exactly one of branching factors or parent lists")
         if branching is not None:
-            if not branching or any(int(b) < 1 for b in branching):
+            branching = [integer(b, f"branching[{d}]") for d, b in enumerate(branching)]
+            if not branching or any(b < 1 for b in branching):
                 raise ValueError(f"branching factors must be >= 1, got {list(branching)}")
             parents = [-1]
             level = [0]
             for b in branching:
                 nxt = []
                 for p in level:
-                    for _ in range(int(b)):
+                    for _ in range(b):
                         parents.append(p)
                         nxt.append(len(parents) - 1)
                 level = nxt

@@ -2,12 +2,11 @@
 model (tree mask and depth positions injected per instance), with refusals
 that leave the caches untouched."""
 
-from .adapter import FAMILIES, Family, TreeAdapter, TreeRefused, adapter_for
+from .adapter import Family, TreeAdapter, TreeRefused, adapter_for
 from .attention import injected, tree_injected, tree_mask
 from .recurrent import ChainOnly, RecurrentStrategy, register_recurrent
 
 __all__ = [
-    "FAMILIES",
     "ChainOnly",
     "Family",
     "RecurrentStrategy",

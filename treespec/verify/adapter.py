@@ -1,18 +1,25 @@
 """Target adapters: verify a whole draft tree in one forward of an mlx-lm model.
 
-``adapter_for(model)`` looks the model's ``model_type`` up in :data:`FAMILIES`
-(families whose attention takes its mask from ``cache.make_mask`` and its
-positions from ``self.rope(x, offset=...)``, audited by suites/verify) and
-returns a :class:`TreeAdapter`; anything else is refused by name.
+``adapter_for(model)`` accepts a model by its structure, not its name
+(treespec.verify.structure: known cache modes, ropes that take per-node
+offsets, no position arithmetic a tree verify cannot reach, recurrent mixers
+that receive their cache on their own) and returns a :class:`TreeAdapter`;
+anything else is refused with the specific reason. Whether the suite has
+an audit record for the model's class is said, not required
+(``adapter.family.record``; treespec.verify.audited).
 
 ``adapter.verify(tree, cache)`` runs ``model(tokens[None], cache=cache)`` once
 over the flattened tree with the tree mask and ``offset + depth`` positions
-injected (treespec.verify.attention) and returns one row of logits per node:
-each row equals, bit for bit on the CPU reference BLAS, the last row of a
-plain forward over that node's root path from the same cache state. The
-caches then hold all n nodes; ``commit`` rolls them back to the accepted path
-through treespec.rollback (verify keeps what it needs: a snapshot of the
-cache references and, on hybrid models, the recurrent layers' inputs).
+injected (treespec.verify.attention; per-position values re-indexed by
+depth, treespec.verify.positions; recurrent mixers run per depth,
+treespec.verify.recurrence) and returns one row of logits per node: each row
+equals, bit for bit on the CPU reference BLAS, the last row of a plain
+forward over that node's root path from the same cache state (where mlx-lm's
+own one-token and multi-token paths differ, README "Families" says which
+one). The caches then hold all n nodes; ``commit`` rolls them back to the
+accepted path through treespec.rollback (verify keeps what it needs: a
+snapshot of the cache references and, on hybrid models, the recurrent
+layers' inputs and per-node states).
 """
 
 from contextlib import ExitStack
@@ -24,50 +31,16 @@ import mlx.nn as nn
 
 from .. import caches, rollback
 from ..errors import TreeRefused
-from ..models import model_type
+from ..mixers import Discovery, discover
+from ..models import model_type, vocab_size
 from ..tree import DraftTree
 from .attention import rope_owners, rope_refusal, tree_injected
+from .guard import restored_on_error, taking_turns
+from .positions import position_inputs
 from .recurrent import RecurrentStrategy, recurrent_strategy
+from .structure import Family, structure
 
-__all__ = ["FAMILIES", "Family", "TreeAdapter", "TreeRefused", "adapter_for"]
-
-
-@dataclass(frozen=True)
-class Family:
-    """What the adapter needs to know about an mlx-lm model family."""
-
-    # Kind of recurrent layer (a key of treespec.verify.recurrent's registry),
-    # None for attention-only families (which then refuse recurrent caches).
-    recurrent: Optional[str] = None
-    # Attribute of the attention modules holding the RoPE.
-    rope_attr: str = "rope"
-
-
-_ATTENTION = Family()
-_GATED_DELTA = Family(recurrent="gated_delta")
-
-# Audited families. Zoo families are exercised by suites/verify on several
-# dtypes; the others share the attention/rope/mask pattern (mistral is
-# llama's module) and pass the same root-path check with tiny random
-# models (suites/verify/test_other_families.py). Add a family here only
-# with such a test.
-FAMILIES = {
-    "llama": _ATTENTION,
-    "qwen3": _ATTENTION,
-    "gemma3_text": _ATTENTION,
-    "gemma4_text": _ATTENTION,
-    "qwen3_5": _GATED_DELTA,
-    "qwen3_next": _GATED_DELTA,
-    # same pattern, checked with tiny random models
-    "mistral": _ATTENTION,
-    "qwen2": _ATTENTION,
-    "phi3": _ATTENTION,
-    "olmo2": _ATTENTION,
-    "granite": _ATTENTION,
-    "starcoder2": _ATTENTION,
-    "smollm3": _ATTENTION,  # NoPE layers
-    "cohere2": _ATTENTION,  # sliding layers on RotatingKVCache; global layers call no rope
-}
+__all__ = ["Family", "TreeAdapter", "TreeRefused", "adapter_for"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +62,7 @@ class TreeAdapter:
         model: nn.Module,
         family: Family,
         recurrent: Optional[RecurrentStrategy] = None,
+        found: Optional[Discovery] = None,
     ):
         self.model = model
         self.family = family
@@ -96,23 +70,56 @@ class TreeAdapter:
         if recurrent is None and family.recurrent is not None:
             recurrent = recurrent_strategy(family.recurrent)
         self.recurrent = recurrent
+        if found is None:
+            found = discover(model) if family.recurrent is not None else Discovery()
+        # Where the recurrent mixers sit (their ropes are theirs to call, and
+        # commit replays or records them there); shared with the strategy.
+        self.found = found
+        if hasattr(recurrent, "use"):
+            recurrent.use(model, found)
+        self._skip = frozenset(id(m.module) for m in found.mixers)
+        # The modules receiving per-position values, found once (each verify
+        # walks the ropes again: one may be swapped after the adapter is made).
+        self._positions = position_inputs(model) if family.positions else []
         self._last: Optional[_Verified] = None
+        self._vocab: Optional[int] = None
+
+    def vocab(self) -> int:
+        """The width of the model's logits: node tokens must be below it."""
+        if self._vocab is None:
+            self._vocab = vocab_size(self.model)
+        return self._vocab
 
     def __repr__(self):
         rec = f", recurrent={self.recurrent.name!r}" if self.recurrent else ""
-        return f"TreeAdapter({self.model_type!r}{rec})"
+        return f"TreeAdapter({self.model_type!r}{rec}; {self.family.record})"
+
+    @property
+    def feeds_in_parts(self) -> bool:
+        """Whether ``verify`` may continue a tree from ``start`` > 0 on this
+        model's attention caches: not where per-position values are
+        re-indexed by depth (treespec.verify.positions), whose continued
+        parts lack their earlier depths."""
+        return not self.family.positions
+
+    @property
+    def note(self) -> Optional[str]:
+        """A line for a decode's diagnostics when the model has no audit
+        record (treespec.verify.audited), else None."""
+        record = self.family.record
+        return None if record.startswith("audited") else f"{self.model_type}: {record}"
 
     def _refuse(self, reason: str):
         raise TreeRefused(self.model_type, reason)
 
+    @taking_turns
     def check_model(self) -> list:
         """Raise TreeRefused if some attention's RoPE cannot take per-node
         positions (also run by adapter_for, and again by every check: a rope
-        may be swapped after the adapter was made). Returns the rope owners."""
+        may be swapped after the adapter was made). Returns the rope owners
+        (none for an attention without rope: no position to give it)."""
         attr = self.family.rope_attr
-        owners = rope_owners(self.model, attr)
-        if not owners:
-            self._refuse(f"no attention module has a {attr!r} to give per-node positions to")
+        owners = rope_owners(self.model, attr, self._skip)
         for name, owner in owners:
             why = rope_refusal(owner[attr])
             if why:
@@ -130,21 +137,23 @@ class TreeAdapter:
         if not (isinstance(start, int) and 0 <= start < len(tree)):
             raise ValueError(f"start must be a node of the tree (0..{len(tree) - 1}), got {start!r}")
         attention, recurrent = [], []
-        for i, c in enumerate(cache):
+        for where, c in caches.leaves(cache):
             mode = caches.mode_of(c)
+            at = f"layer {where[0]}" + "".join(f", CacheList entry {j}" for j in where[1:])
             if mode.attention:
                 why = mode.verify_refusal(c)
                 if why:
-                    self._refuse(f"layer {i}: {why}")
+                    self._refuse(f"{at}: {why}")
                 attention.append(c)
             elif mode.recurrent and self.recurrent is not None:
                 recurrent.append(c)
             else:
-                self._refuse(
-                    f"layer {i}: cache {type(c).__name__} is neither an attention "
-                    "cache a tree mask can replace nor this family's recurrent cache"
-                )
-        offsets = sorted({c.offset for c in attention})
+                what = ("this adapter has no recurrent strategy" if mode.recurrent
+                        else "no tree mask or exact rollback is known for it")
+                self._refuse(f"{at}: cache {type(c).__name__} cannot verify a tree ({what})")
+        # A cache no forward ever wrote belongs to a layer that never attends.
+        written = [c for c in attention if caches.written(c)]
+        offsets = sorted({c.offset for c in written or attention})
         if len(offsets) > 1:
             self._refuse(f"attention caches disagree on their offset: {offsets}")
         if start:
@@ -165,6 +174,11 @@ class TreeAdapter:
                 # the tree.
                 self._refuse(f"{self.recurrent.name} cannot continue a tree from start={start}: "
                              "recurrent layers take a tree in one forward")
+            if self.family.positions and ropes:
+                # The re-indexed values are those of the fed positions only
+                # (treespec.verify.positions): earlier depths are not among them.
+                self._refuse(f"a tree fed in parts (start={start}) through per-position "
+                             "values the model computes itself; feed it whole")
         owners = self.check_model() if ropes else []
         for c in recurrent:
             why = caches.mode_of(c).verify_refusal(c)
@@ -176,6 +190,7 @@ class TreeAdapter:
                 self._refuse(why)
         return owners
 
+    @taking_turns
     def verify(self, tree: DraftTree, cache: Sequence, start: int = 0,
                tokens: Optional[mx.array] = None) -> mx.array:
         """Logits [n, vocab], row i for node i, from one forward over the tree.
@@ -187,8 +202,25 @@ class TreeAdapter:
         n - start rows returned (a drafter growing its tree level by level).
         ``tokens``: the fed nodes' tokens as a device array, possibly not yet
         computed (a chain still being drafted); the forward is built on them
-        and ``tree`` gives only the topology.
+        and ``tree`` gives only the topology. Their values are not read
+        (that would wait for the device): they must be ids of this model's
+        vocabulary, as a drafter's top-k over logits of its width are.
+
+        Takes its turn (treespec.verify.guard: one verify at a time in the
+        process). Refusals come before anything is written; if the forward
+        raises, every cache is put back as it was.
         """
+        if not isinstance(tree, DraftTree):
+            raise TypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
+        if tokens is None:
+            vocab = self.vocab()
+            if max(tree.tokens[start:], default=0) >= vocab:
+                node = next(i for i, t in enumerate(tree.tokens) if i >= start and t >= vocab)
+                raise ValueError(f"tree node {node}: token id {tree.tokens[node]} is outside "
+                                 f"the vocabulary [0, {vocab}) of this {self.model_type!r} model")
+        elif not isinstance(tokens, mx.array) or not mx.issubdtype(tokens.dtype, mx.integer):
+            what = tokens.dtype if isinstance(tokens, mx.array) else type(tokens).__name__
+            raise TypeError(f"tokens must be an mx.array of integer token ids, got {what}")
         # A chain is mlx-lm's own chain verify: a plain forward, whose causal
         # mask and contiguous positions are the tree's (contracts 1 and 5),
         # through the kernels mlx-lm's speculative decoding uses, and cheaper
@@ -207,7 +239,7 @@ class TreeAdapter:
         offset = caches.offset(caches.attention_caches(cache))
         offset = None if offset is None else offset - start
         snap = rollback.snapshot(cache)  # references only
-        has_recurrent = any(caches.mode_of(c).recurrent for c in cache)
+        has_recurrent = any(caches.mode_of(c).recurrent for _, c in caches.leaves(cache))
         captures = None
         if tokens is None:
             tokens = mx.array(tree.tokens[start:], dtype=mx.int32)
@@ -216,6 +248,7 @@ class TreeAdapter:
                              f"{len(tree) - start} nodes")
         tokens = tokens[None]
         with ExitStack() as stack:
+            stack.enter_context(restored_on_error(cache))  # outermost: exits last
             if inject and self.recurrent is not None:
                 stack.enter_context(self.recurrent.inject(self.model, cache, tree))
             if inject or plans:
@@ -224,7 +257,8 @@ class TreeAdapter:
             if has_recurrent:
                 # Innermost, so it records whatever mixer the strategy put in;
                 # commit replays the path's rows through the real one.
-                captures = stack.enter_context(rollback.capture_recurrent_inputs(self.model))
+                captures = stack.enter_context(
+                    rollback.capture_recurrent_inputs(self.model, self.found.mixers))
             try:
                 logits = self.model(tokens, cache=cache)
             except TreeRefused as e:
@@ -265,8 +299,9 @@ class TreeAdapter:
         probe that raises if the forward bypassed them. A subclass may inject
         something else (the suites plant defects here)."""
         return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
-                             plans=plans, ropes=ropes)
+                             self._positions, plans=plans, ropes=ropes)
 
+    @taking_turns
     def commit(
         self,
         cache: Sequence,
@@ -297,18 +332,13 @@ class TreeAdapter:
 
 
 def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None) -> TreeAdapter:
-    """The tree-verify adapter for ``model``'s family, or TreeRefused naming
-    the family and why. ``recurrent`` overrides the family's recurrent
-    strategy (see treespec.verify.recurrent.register_recurrent)."""
-    mt = model_type(model)
-    family = FAMILIES.get(mt)
-    if family is None:
-        raise TreeRefused(
-            mt,
-            "not an audited tree-verify family (its attention may not take masks "
-            "from cache.make_mask and positions from self.rope); audited: "
-            + ", ".join(sorted(FAMILIES)),
-        )
-    adapter = TreeAdapter(model, family, recurrent)
+    """The tree-verify adapter for ``model``, or TreeRefused naming the
+    family and the specific structural reason (treespec.verify.structure).
+    ``recurrent`` overrides the recurrent strategy (see
+    treespec.verify.recurrent.register_recurrent)."""
+    family, found, why = structure(model)
+    if why:
+        raise TreeRefused(model_type(model), why)
+    adapter = TreeAdapter(model, family, recurrent, found)
     adapter.check_model()
     return adapter

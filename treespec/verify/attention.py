@@ -15,6 +15,7 @@ a *reason* (``None`` when fine), and everything about a cache by its entry in
 ``treespec.caches``, so the adapter can refuse before any cache is written.
 """
 
+import threading
 from contextlib import contextmanager
 from typing import Callable, Optional, Sequence
 
@@ -28,24 +29,36 @@ from mlx_lm.models.rope_utils import (
     YarnRoPE,
 )
 
+from mlx_lm.models import deepseek_v2, hunyuan, hunyuan_v1_dense, internlm3
 from mlx_lm.models.smollm3 import NoPE
 
 from ..caches import attention_caches, mode_of
+from ..mixers import set_slot
 from ..tree import DraftTree
+from .positions import ByDepth, position_inputs
 
 # RoPE classes whose only use of ``offset`` is to hand it to mx.fast.rope, so a
 # vector of B*T offsets on the batch axis gives per-node positions (NoPE, the
-# identity of smollm3's rope-less layers, ignores it). Exact classes, not
-# isinstance: a subclass may override __call__.
-TREE_ROPES = (nn.RoPE, Llama3RoPE, YarnRoPE, SuScaledRoPE, ProportionalRoPE, NoPE)
+# identity of smollm3's rope-less layers, ignores it; deepseek_v2's yarn and
+# hunyuan's NTK-alpha ropes precompute their frequencies at construction).
+# Exact classes, not isinstance: a subclass may override __call__.
+TREE_ROPES = (nn.RoPE, Llama3RoPE, YarnRoPE, SuScaledRoPE, ProportionalRoPE, NoPE,
+              deepseek_v2.DeepseekV2YarnRotaryEmbedding, hunyuan.DynamicNTKAlphaRoPE,
+              hunyuan_v1_dense.DynamicNTKAlphaRoPE)
 
+# The attribute names an attention module holds its rope under (qwen and
+# plamo spell it rotary_emb).
+ROPE_ATTRS = ("rope", "rotary_emb")
+
+_DYNAMIC_NTK = (
+    "computes its base from the scalar offset (max(T + offset, max_pos)): "
+    "one forward over a tree has no single offset, and per-node bases "
+    "would not match the chain it stands for"
+)
 # Known RoPE classes that cannot take a vector of positions, and why.
 REFUSED_ROPES = {
-    DynamicNTKScalingRoPE: (
-        "computes its base from the scalar offset (max(T + offset, max_pos)): "
-        "one forward over a tree has no single offset, and per-node bases "
-        "would not match the chain it stands for"
-    ),
+    DynamicNTKScalingRoPE: _DYNAMIC_NTK,
+    internlm3.DynamicNTKScalingRoPE: _DYNAMIC_NTK,
 }
 
 
@@ -102,28 +115,45 @@ class TreeRoPE(nn.Module):
     """Stands in for an attention module's ``rope`` during one verify forward.
 
     An nn.Module so that assigning it replaces the child in place (the
-    module's key order, hence its parameter tree, is untouched)."""
+    module's key order, hence its parameter tree, is untouched). In any
+    thread but the verifying one it is the rope it stands in for: a plain
+    forward of the model there sees the model unpatched."""
 
     def __init__(self, rope, depths: mx.array):
         super().__init__()
         self.inner = rope
         self._depths = depths  # leading underscore: not a parameter
         self._calls = 0
+        self._thread = threading.get_ident()
+
+    def __getattr__(self, key):
+        # Code that reads the rope's attributes (its dims) still finds them.
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "inner" not in self:
+                raise
+            return getattr(self["inner"], key)
 
     def __call__(self, x, offset=0, **kwargs):
+        if threading.get_ident() != self._thread:
+            return self.inner(x, offset=offset, **kwargs)
         self._calls += 1
         return rope_by_node(self.inner, x, offset, self._depths, **kwargs)
 
 
-def rope_owners(model: nn.Module, attr: str = "rope") -> list:
+def rope_owners(model: nn.Module, attr: str = "rope", skip: frozenset = frozenset()) -> list:
     """(name, module) of every module holding a ``rope`` child, in model order
-    (names as ``named_modules`` spells them). Walks the module dicts directly
-    (every tree verify calls this), which is a few times cheaper than
-    ``named_modules``."""
+    (names as ``named_modules`` spells them), outside the subtrees of the
+    modules whose ids are in ``skip`` (recurrent mixers, which rotate their
+    own one token per depth). Walks the module dicts directly (every tree
+    verify calls this), which is a few times cheaper than ``named_modules``."""
     found = []
 
     def visit(name, m):
-        if attr in m and not isinstance(m, TreeRoPE):
+        if id(m) in skip:
+            return
+        if attr in m and isinstance(m[attr], nn.Module) and not isinstance(m, TreeRoPE):
             found.append((name, m))
         for key, value in m.items():
             children = (
@@ -181,13 +211,16 @@ def injected(
     mask_fn: MaskFn,
     rope_attr: str = "rope",
     owners: Optional[list] = None,
+    positions: Optional[list] = None,
     plans: Optional[dict] = None,
 ):
     """For the duration of the block: every attention cache in ``caches``
     answers ``make_mask(N, ...)`` with ``mask_fn(cache, N, window_size)``,
-    and every ``rope`` in ``model`` rotates token t by ``offset + depths[t]``.
-    ``plans`` (cache id -> its mode's verify plan, a ring layout) also
-    replace those caches' ``update_and_fetch`` with the plan's.
+    every ``rope`` in ``model`` rotates token t by ``offset + depths[t]``, and
+    every module receiving per-position values (treespec.verify.positions)
+    gets them re-indexed by ``depths``. ``plans`` (cache id -> its mode's
+    verify plan, a ring layout) also replace those caches'
+    ``update_and_fetch`` with the plan's.
 
     ``depths=None`` injects no positions (a chain: its positions are the
     model's own) and replaces only the masks of the caches with a plan, so
@@ -196,17 +229,20 @@ def injected(
     ``depths`` and ``mask_fn`` are explicit (not a tree) so a test can inject
     deliberately wrong positions or masks and watch the exactness suite fail.
     Instance-level only; restored in a ``finally`` even if the forward raises.
-    ``owners`` (from :func:`rope_owners`) saves walking the model again.
-    Yields a probe: ``probe()`` raises if no rope or no mask was reached (a
-    family that computes either elsewhere would be silently wrong), or a
-    plan's cache was written without any plan's mask being asked for. Not
-    every rope must run: cohere2's global layers hold a rope they never call.
+    ``owners`` (from :func:`rope_owners`) and ``positions`` (from
+    ``position_inputs``) save walking the model again. Yields a probe:
+    ``probe()`` raises if the forward bypassed what was injected: no mask
+    reached while there are attention caches, no rope reached while there
+    are ropes, a position stand-in never reached (a family that computes
+    either elsewhere would be silently wrong). Not every rope must run:
+    cohere2's global layers hold a rope they never call.
     """
     plans = plans or {}
     ropes = depths is not None
     attention = [c for c in attention_caches(caches) if ropes or id(c) in plans]
     saved = []  # (object, attribute, previous value or _MISSING)
     wrappers = []
+    stand_ins = []
     mask_calls = [0]
 
     def make_override(cache):
@@ -234,18 +270,29 @@ def injected(
                 saved.append((owner, rope_attr, owner[rope_attr]))
                 setattr(owner, rope_attr, wrapper)
                 wrappers.append(wrapper)
+            if positions is None:
+                positions = position_inputs(model)
+            for path, container, key, module, argument, axis in positions:
+                stand_in = ByDepth(module, depths, argument, axis)
+                set_slot(container, key, stand_in)
+                stand_ins.append((container, key, module, stand_in))
 
         def probe():
             rope_calls = sum(w._calls for w in wrappers)
-            if attention and ((ropes and rope_calls == 0) or mask_calls[0] == 0):
+            missed = [type(s.inner).__name__ for *_, s in stand_ins if s._calls == 0]
+            if attention and (mask_calls[0] == 0 or (wrappers and rope_calls == 0)) or missed:
                 raise RuntimeError(
                     f"tree injection bypassed: {rope_calls} rope call(s), "
-                    f"{mask_calls[0]} make_mask call(s); this family does not route "
-                    "positions and masks through self.rope and cache.make_mask"
+                    f"{mask_calls[0]} make_mask call(s), position stand-ins never "
+                    f"reached: {missed or 'none'}; this family does not route positions "
+                    "and masks through self.rope, cache.make_mask and the modules "
+                    "treespec.verify.positions re-indexes"
                 )
 
         yield probe
     finally:
+        for container, key, module, _ in reversed(stand_ins):
+            set_slot(container, key, module)
         for obj, attr, prev in reversed(saved):
             if prev is _MISSING:
                 obj.__dict__.pop(attr, None)
@@ -260,6 +307,7 @@ def tree_injected(
     rope_attr="rope",
     owners=None,
     start: int = 0,
+    positions=None,
     plans: Optional[dict] = None,
     ropes: bool = True,
     depths=None,
@@ -278,7 +326,8 @@ def tree_injected(
         depths = tree.depths()[start:] - start
     if mask_fn is None:
         mask_fn = lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start, plans)
-    return injected(model, caches, depths if ropes else None, mask_fn, rope_attr, owners, plans)
+    return injected(model, caches, depths if ropes else None, mask_fn, rope_attr, owners,
+                    positions, plans)
 
 
 def _checked_tree_mask(cache, tree, N, window, start, plans):

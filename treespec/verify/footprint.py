@@ -1,9 +1,12 @@
 """The memory a tree verify through the tree-aware recurrence keeps alive.
 
 Every node's recurrent state and conv windows are kept until the commit
-(treespec.verify.gdn_tree), so a tree of n nodes holds n states per
-recurrent layer. ``footprint_breakdown`` counts them from a config.json dict,
-a ModelArgs or a loaded model; trees over the limit
+(treespec.verify.recurrence), so a branching tree of n nodes holds n states
+per recurrent cache; a chain goes through the mixer's own multi-token path
+and keeps none (``kept_nodes``). ``footprint_breakdown`` counts them for a
+loaded model (any mixer: the slot shapes and dtypes a scratch forward leaves
+in each ``ArraysCache``, treespec.mixers.discover) or, before loading, from
+the config.json dict or ModelArgs of a gated-delta family; trees over the limit
 (``TREESPEC_MAX_TREE_STATE_BYTES``, default 2 GiB) are refused before
 anything runs.
 """
@@ -11,12 +14,11 @@ anything runs.
 import os
 from typing import List, Optional, Tuple
 
-import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from ..errors import TreeRefused
-from .mixers import StandIn, _family, _slots_fn, recurrent_mixers
+from ..mixers import Discovery, discover
 
 
 DEFAULT_MAX_TREE_STATE_BYTES = 2 * 1024**3
@@ -109,33 +111,41 @@ def _config_layers(cfg: dict) -> Tuple[int, List[Tuple[tuple, bool]]]:
 def footprint_breakdown(config_or_args, n_nodes: int, act_bytes: Optional[int] = None) -> dict:
     """Bytes of per-node state a tree verify of ``n_nodes`` nodes keeps alive.
 
-    ``config_or_args``: a config.json dict (``text_config`` is looked into), a
-    ModelArgs, or a loaded model. Recurrent state is float32 (4 Hv Dv Dk
-    bytes per node per layer); conv windows are in the activation dtype
-    (``act_bytes``; from the config's dtype, else 4 to stay on the safe
-    side). Transient per-depth buffers are not counted."""
-    if isinstance(config_or_args, nn.Module):
-        mixers = [getattr(l, a) for _, l, a in recurrent_mixers(config_or_args)]
-        mixers = [m.mixer if isinstance(m, StandIn) else m for m in mixers]
-        if act_bytes is None:
-            act_bytes = _model_act_bytes(config_or_args)
-        per_layer = [[(s, len(s) == 3) for s in _slots_fn(m)(m)] for m in mixers]
+    ``config_or_args``: a loaded model or its ``Discovery`` (every recurrent
+    cache's slots as a scratch forward leaves them, in their own dtypes),
+    or a gated-delta family's config.json dict (``text_config`` is looked
+    into) or ModelArgs: recurrent state float32 (4 Hv Dv Dk bytes per node
+    per layer), conv windows in the activation dtype (``act_bytes``; from the
+    config's dtype, else 4 to stay on the safe side). Transient per-depth
+    buffers are not counted."""
+    if isinstance(config_or_args, (nn.Module, Discovery)):
+        found = config_or_args if isinstance(config_or_args, Discovery) else discover(config_or_args)
+        rec = conv = 0
+        for shapes in found.slot_shapes.values():
+            for s in shapes:
+                if s is None:
+                    continue
+                size = int(np.prod(s[0])) * s[1].size
+                if len(s[0]) >= 3:
+                    rec += size
+                else:
+                    conv += size
+        layers = len(found.slot_shapes)
     else:
         cfg = _config_dict(config_or_args)
         if act_bytes is None:
             act_bytes = _dtype_bytes(cfg, 4)
         n, slots = _config_layers(cfg)
-        per_layer = [slots] * n
-    rec = conv = 0
-    for slots in per_layer:
+        rec = conv = 0
         for shape, recurrent in slots:
             size = int(np.prod(shape))
             if recurrent:
                 rec += 4 * size
             else:
                 conv += act_bytes * size
+        rec, conv, layers = rec * n, conv * n, n
     return {
-        "recurrent_layers": len(per_layer),
+        "recurrent_layers": layers,
         "recurrent_bytes_per_node": rec,
         "conv_bytes_per_node": conv,
         "bytes_per_node": rec + conv,
@@ -149,19 +159,16 @@ def state_footprint(config_or_args, n_nodes: int, act_bytes: Optional[int] = Non
     return footprint_breakdown(config_or_args, n_nodes, act_bytes)["total_bytes"]
 
 
-def _model_act_bytes(model) -> int:
-    """Activation dtype size, read off the token embedding (its scales when
-    quantized); 4 when unknown."""
-    emb = getattr(getattr(model, "model", model), "embed_tokens", None)
-    for name in ("weight", "scales"):
-        w = getattr(emb, name, None) if emb is not None else None
-        if isinstance(w, mx.array) and mx.issubdtype(w.dtype, mx.floating):
-            return w.dtype.size
-    return 4
-
-
 def _fmt(n: int) -> str:
     return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
+
+
+def kept_nodes(tree) -> int:
+    """How many per-node states a verify of ``tree`` keeps alive: every node
+    of a branching tree (the tree-aware recurrence keeps each one for the
+    commit), none of a chain (the mixer's own multi-token path writes one
+    state, and commit replays the accepted prefix from the snapshot)."""
+    return 0 if tree.is_linear() else len(tree)
 
 
 def footprint_refusal(config_or_args, n_nodes: int, limit: Optional[int] = None) -> Optional[str]:
@@ -174,7 +181,7 @@ def footprint_refusal(config_or_args, n_nodes: int, limit: Optional[int] = None)
     return (
         f"a {n_nodes}-node tree through the tree-aware recurrence keeps per-node "
         f"states of {total} bytes ({_fmt(total)}: {info['recurrent_layers']} "
-        f"recurrent layers x {info['bytes_per_node']} bytes per node), over the "
+        f"recurrent caches, {info['bytes_per_node']} bytes per node), over the "
         f"limit of {limit} bytes ({_fmt(limit)}). Use a smaller tree, or raise "
         f"the limit with {MAX_BYTES_ENV}=<bytes> (or limit=...)"
     )
@@ -185,7 +192,11 @@ def check_tree_footprint(config_or_args, n_nodes: int, limit: Optional[int] = No
     limit; else return the footprint in bytes."""
     why = footprint_refusal(config_or_args, n_nodes, limit)
     if why:
-        fam = config_or_args if isinstance(config_or_args, nn.Module) else None
-        fam = _family(fam) if fam is not None else str(_config_dict(config_or_args).get("model_type"))
+        if isinstance(config_or_args, nn.Module):
+            fam = str(getattr(config_or_args, "model_type", type(config_or_args).__module__))
+        elif isinstance(config_or_args, Discovery):
+            fam = "model"
+        else:
+            fam = str(_config_dict(config_or_args).get("model_type"))
         raise TreeRefused(fam, why)
     return state_footprint(config_or_args, n_nodes)

@@ -3,11 +3,12 @@
 A recurrence (GatedDeltaNet, Mamba) reads its inputs in sequence order. Fed a
 flattened tree it folds siblings into each other's state: wrong by 3-5 in the
 logits, silently. A chain is exact: the flattened chain *is* the sequence.
-So the default strategy, :class:`ChainOnly`, verifies linear trees and
-refuses the rest; the tree-aware GatedDeltaNet (treespec.verify.gdn_tree) is
-registered for ``gated_delta``.
+:class:`ChainOnly` verifies linear trees and refuses the rest; the default,
+registered for every model with a recurrent cache (kind ``"tree"``), is the
+tree-aware recurrence of treespec.verify.recurrence, which runs every mixer
+per depth.
 
-A strategy for another recurrence registers a factory for its kind with
+Another strategy registers a factory for its kind with
 :func:`register_recurrent`; adapters created afterwards ask it, and it
 injects itself for the forward through ``inject``.
 """
@@ -18,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 import mlx.nn as nn
 
 from ..tree import DraftTree
-from .gdn_tree import TreeGatedDelta
+from .recurrence import TreeRecurrence
 
 
 class RecurrentStrategy(Protocol):
@@ -69,8 +70,9 @@ class ChainOnly:
 
 # Factories, not instances: a strategy holds the per-node states of its
 # adapter's last verify, so a target and its drafter must never share one.
+TREE = "tree"
 _RECURRENT: Dict[str, Callable[[], RecurrentStrategy]] = {
-    "gated_delta": TreeGatedDelta,
+    TREE: TreeRecurrence,
 }
 
 

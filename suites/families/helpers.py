@@ -1,0 +1,351 @@
+"""The family sweep: every model module of the installed mlx-lm, built tiny from
+its own ModelArgs (helpers_configs), seeded, verified through ``adapter_for``
+against plain forwards over root paths, committed, decoded on.
+
+References are mlx-lm's own forwards on deep copies of the same cache state,
+with one rule for recurrent layers: a module handed an ``ArraysCache`` (the
+outermost one: a decoder layer, or the mixer itself) runs its tokens one at a
+time, as classic decoding runs them (``stepped``). For most mixers that is
+bit for bit the multi-token forward; where mlx-lm's multi-token scan and its
+one-token step differ (the Mamba2 family), classic decoding steps, and so
+does the tree verify.
+
+Each history also verifies a chain (mlx-lm's own chain verify: a plain
+forward) and commits a prefix of it, which the recurrent layers replay; the
+reference is a cache fed only the prefix. Where mlx-lm's forward over the
+prefix alone differs from the same rows of its forward over the chain
+(measured in the same run: bailing_hybrid's chunked linear attention) the
+commit inherits that, and the line says so.
+
+One documented difference is accepted, and only where it is measured in the
+same run: the ROOT row of a verify is computed by the multi-token path, and
+where mlx-lm's own one-token step takes another path (multi-head latent
+attention's ``L == 1`` branch; a wrapped sliding window, whose one-token
+step sums its keys in ring order) it differs from the root's own one-token
+forward. It is accepted when it equals row 0 of a two-token forward over
+the root and its first child and that row itself differs from the one-token
+forward (mlx-lm disagreeing with itself). Anything else that differs is
+WRONG.
+
+    modules()          every module name (and "module@variant") to sweep
+    build(name)        the tiny seeded model
+    run(name, factory) Outcome: verdict, detail, notes
+"""
+
+import copy
+import importlib
+import inspect
+import os
+import types
+from dataclasses import dataclass, field
+from typing import Callable, List
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm.models as mlx_lm_models
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models import bitlinear_layers
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache
+
+from suites.families.helpers_configs import VARIANTS, config
+from treespec.errors import RollbackRefused, TreeRefused
+from treespec.tree import DraftTree
+from treespec.verify import adapter_for
+
+# mlx-lm's shared layers, not model families.
+SHARED = {"base", "cache", "rope_utils", "switch_layers", "__init__", "activations",
+          "bitlinear_layers", "gated_delta", "mla", "pipeline", "ssm"}
+PARENTS = [-1, 0, 0, 1, 1, 2, 4]  # branching: siblings at depths 1 and 2
+PATH = [0, 1, 4, 6]  # moves rows (node 4 at slot 2, node 6 at slot 3)
+SHORT, LONG = 12, 28  # inside and past every window (helpers_configs.W = 16)
+SEED = 0
+
+EXACT, ROOT_ROW, REFUSED, CANNOT_RUN, WRONG = (
+    "exact", "exact (root row: multi-token path)", "refused", "cannot run", "WRONG")
+
+
+def modules() -> List[str]:
+    folder = os.path.dirname(mlx_lm_models.__file__)
+    names = sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f[:-3] not in SHARED)
+    return names + sorted(VARIANTS)
+
+
+# -- building -----------------------------------------------------------------
+
+
+def _cpu_bitlinear(self, x, packed):
+    """bitnet's BitLinear matmul in plain MLX ops (its own is a Metal kernel):
+    the 2-bit ternary weights unpacked, x @ W.T, scaled."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    w = mx.concatenate([((packed >> (2 * k)) & 3).astype(x.dtype) - 1 for k in range(4)], axis=0)
+    out = x @ w.T
+    s = self.weight_scale[0]
+    out = out / s if self.invert_weight_scales else out * s
+    return out.reshape(*shape[:-1], self.out_features)
+
+
+def build(name: str, seed: int = SEED):
+    """The tiny model: default init plus seeded noise on every float
+    parameter (matrices on the scale of their init, vectors +-0.05), so no
+    zero-initialised gate or bias leaves a family's paths untested."""
+    cfg = config(name)
+    mod = importlib.import_module(f"mlx_lm.models.{name.split('@')[0]}")
+    mx.random.seed(seed)
+    model = mod.Model(mod.ModelArgs.from_dict(cfg))
+    rng = np.random.RandomState(seed)
+    new = []
+    for k, v in tree_flatten(model.parameters()):
+        if mx.issubdtype(v.dtype, mx.floating):
+            s = 1.0 / np.sqrt(v.shape[-1]) if v.ndim >= 2 else 0.05
+            noise = rng.standard_normal(v.shape).astype(np.float32) * s
+            v = (v.astype(mx.float32) + mx.array(noise)).astype(v.dtype)
+        new.append((k, v))
+    model.update(tree_unflatten(new))
+    if name == "bitnet":
+        for _, m in model.named_modules():
+            if isinstance(m, bitlinear_layers.BitLinear):
+                m.execute_matmul_kernel = types.MethodType(_cpu_bitlinear, m)
+                m.weight = mx.array(rng.randint(0, 256, m.weight.shape).astype("uint8"))
+                r = float(np.sqrt(m.in_features))
+                m.weight_scale = mx.array([r if m.invert_weight_scales else 1.0 / r])
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+# -- references ---------------------------------------------------------------
+
+
+def _maxdiff(a, b) -> float:
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    if a.shape == b.shape and mx.array_equal(a, b).item():
+        return 0.0
+    if a.shape != b.shape:
+        return float("inf")
+    d = mx.where(a == b, 0.0, mx.abs(a - b))
+    return float(mx.where(mx.isnan(d), float("inf"), d).max())
+
+
+class _Stepped(nn.Module):
+    """Runs a module handed an ArraysCache one token at a time (unless an
+    outer one already does): what classic decoding does in that layer."""
+
+    def __init__(self, inner, busy):
+        super().__init__()
+        self.inner = inner
+        object.__setattr__(self, "_busy", busy)
+        object.__setattr__(self, "_sig", inspect.signature(inner.__call__))
+
+    def __getattr__(self, key):
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "inner" not in self:
+                raise
+            return getattr(self["inner"], key)
+
+    def __call__(self, *args, **kwargs):
+        try:
+            bound = self._sig.bind(*args, **kwargs).arguments
+        except TypeError:
+            return self.inner(*args, **kwargs)
+        names = list(bound)
+        x = bound[names[0]]
+        if self._busy[0] or type(bound.get("cache")) is not ArraysCache or x.shape[1] == 1:
+            return self.inner(*args, **kwargs)
+        L = x.shape[1]
+        self._busy[0] = True
+        try:
+            outs = []
+            for t in range(L):
+                call = {}
+                for k, v in bound.items():
+                    if isinstance(v, mx.array) and v.ndim >= 2 and v.shape[:2] == (1, L):
+                        v = v[:, t : t + 1]
+                    elif k == "offset" and isinstance(v, int):
+                        v = v + t
+                    elif k == "mask":
+                        v = None
+                    call[k] = v
+                outs.append(self.inner(**call))
+        finally:
+            self._busy[0] = False
+        return _concat(outs)
+
+
+def _concat(outs):
+    if isinstance(outs[0], mx.array):
+        return mx.concatenate(outs, axis=1)
+    if outs[0] is None:
+        return None
+    return type(outs[0])(_concat([o[i] for o in outs]) for i in range(len(outs[0])))
+
+
+def _cache_takers(model):
+    """(container, key, module) of every submodule whose call takes ``cache``."""
+    out = []
+
+    def visit(module):
+        for key, value in module.items():
+            items = ([(module, key, value)] if isinstance(value, nn.Module) else
+                     [(value, i, v) for i, v in enumerate(value)] if isinstance(value, list) else [])
+            for container, k, child in items:
+                if not isinstance(child, nn.Module):
+                    continue
+                try:
+                    if "cache" in inspect.signature(child.__call__).parameters:
+                        out.append((container, k, child))
+                except (AttributeError, TypeError, ValueError):
+                    pass
+                visit(child)
+
+    visit(model)
+    return out
+
+
+def _leaves(cache):
+    for c in cache:
+        yield from (((None, s) for s in c.caches) if type(c) is CacheList else [(None, c)])
+
+
+def _put(container, key, module):
+    if isinstance(container, nn.Module):
+        setattr(container, key, module)
+    else:
+        container[key] = module
+
+
+def forward(model, cache, tokens, stepped=True) -> mx.array:
+    """Logits [T, vocab] of mlx-lm's forward over ``tokens``; ``stepped``:
+    recurrent layers one token at a time."""
+    swapped = []
+    if stepped:
+        busy = [False]
+        for container, key, module in _cache_takers(model):
+            _put(container, key, _Stepped(module, busy))
+            swapped.append((container, key, module))
+    try:
+        out = model(mx.array([list(tokens)]), cache=cache)
+    finally:
+        for container, key, module in reversed(swapped):
+            _put(container, key, module)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    mx.eval(out)
+    return out[0]
+
+
+# -- one family ---------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    name: str
+    verdict: str
+    detail: str = ""
+    notes: List[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        extra = "".join(f"; {n}" for n in self.notes)
+        return f"{self.name:24s} {self.verdict}{': ' + self.detail if self.detail else ''}{extra}"
+
+
+def _check_history(model, adapter, prompt, tree, decode) -> dict:
+    """Verify, compare, commit, decode on, from one history."""
+    cache = make_prompt_cache(model)
+    forward(model, cache, prompt, stepped=False)
+    before = copy.deepcopy(cache)
+    rows = adapter.verify(tree, cache)
+    mx.eval(rows)
+    diffs = []
+    for i in range(len(tree)):
+        path = [tree.tokens[j] for j in tree.path_to(i)]
+        diffs.append(_maxdiff(forward(model, copy.deepcopy(before), path)[-1], rows[i]))
+    res = {"diffs": diffs, "wrapped": any(
+        type(c) is RotatingKVCache and c.offset >= c.max_size for _, c in _leaves(before))}
+    if diffs[0]:
+        two = forward(model, copy.deepcopy(before), [tree.tokens[0], tree.tokens[1]])[0]
+        one = forward(model, copy.deepcopy(before), [tree.tokens[0]])[-1]
+        res["root_documented"] = _maxdiff(two, rows[0]) == 0.0 and _maxdiff(two, one) > 0
+    deep = [tree.tokens[j] for j in tree.path_to(len(tree) - 1)]
+    res["scan_vs_step"] = _maxdiff(forward(model, copy.deepcopy(before), deep, stepped=False)[-1],
+                                   forward(model, copy.deepcopy(before), deep)[-1])
+    adapter.commit(cache, tree, PATH)
+    ref = copy.deepcopy(before)
+    forward(model, ref, [tree.tokens[j] for j in PATH])
+    res["commit"] = _decode_diff(model, cache, ref, decode)
+    # A chain is mlx-lm's own chain verify (a plain forward, recurrent layers
+    # through their multi-token path); its commit replays the kept prefix.
+    chain, cache = DraftTree.linear(tree.tokens[:4]), copy.deepcopy(before)
+    mx.eval(adapter.verify(chain, cache))
+    adapter.commit(cache, chain, [0, 1, 2])
+    ref = copy.deepcopy(before)
+    forward(model, ref, chain.tokens[:3], stepped=False)
+    res["chain_commit"] = _decode_diff(model, cache, ref, decode)
+    if res["chain_commit"]:
+        # Only documented where mlx-lm disagrees with itself: its forward over
+        # the kept prefix alone against the same rows of the chain's forward.
+        alone = forward(model, copy.deepcopy(before), chain.tokens[:3], stepped=False)
+        whole = forward(model, copy.deepcopy(before), chain.tokens, stepped=False)
+        res["prefix"] = _maxdiff(alone, whole[:3])
+    return res
+
+
+def _decode_diff(model, ours, ref, tokens) -> float:
+    """Worst difference of one-token decode steps on two caches."""
+    return max(_maxdiff(forward(model, ours, [t])[-1], forward(model, ref, [t])[-1])
+               for t in tokens)
+
+
+def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
+    """Build (unless ``model`` is given), verify, commit and decode one
+    family; its verdict."""
+    try:
+        model = build(name) if model is None else model
+    except BaseException as e:  # an import may sys.exit (olmo needs ai2-olmo)
+        return Outcome(name, CANNOT_RUN, f"mlx-lm cannot build it: {type(e).__name__}: {e}"[:200])
+    rng = np.random.RandomState(1)
+    prompt = [int(t) for t in rng.randint(0, 256, LONG)]
+    tree = DraftTree([int(t) for t in rng.randint(0, 256, len(PARENTS))], PARENTS)
+    decode = [int(t) for t in rng.randint(0, 256, 3)]
+    try:
+        forward(model, make_prompt_cache(model), prompt[:SHORT], stepped=False)
+    except Exception as e:
+        return Outcome(name, CANNOT_RUN, f"mlx-lm's own forward fails on this CPU: "
+                       f"{type(e).__name__}: {e}"[:200])
+    try:
+        adapter = factory(model)
+    except TreeRefused as e:
+        return Outcome(name, REFUSED, e.reason)
+    notes, root_rows, wrong, scan, prefix, chain = [], [], [], 0.0, 0.0, 0.0
+    for label, p in (("short", prompt[:SHORT]), ("long", prompt)):
+        try:
+            res = _check_history(model, adapter, p, tree, decode)
+        except (TreeRefused, RollbackRefused) as e:
+            return Outcome(name, REFUSED, f"{label} history: {e}")
+        bad = [i for i, d in enumerate(res["diffs"]) if d and not (i == 0 and res.get("root_documented"))]
+        chain_documented = res["chain_commit"] and res.get("prefix", 0) > 0
+        if chain_documented:
+            prefix = max(prefix, res["prefix"])
+            chain = max(chain, res["chain_commit"])
+        if bad or res["commit"] or (res["chain_commit"] and not chain_documented):
+            wrong.append(f"{label} history: nodes {bad} differ by up to "
+                         f"{max(res['diffs']):.3g}, decode after commit by {res['commit']:.3g}, "
+                         f"after a chain's commit by {res['chain_commit']:.3g}")
+        if res["diffs"][0] and not bad:
+            why = "a wrapped window's ring order" if res["wrapped"] else "its own one-token path"
+            root_rows.append(f"{label} history {res['diffs'][0]:.2g} ({why})")
+        scan = max(scan, res["scan_vs_step"])
+    if scan:
+        notes.append(f"mlx-lm's multi-token forward differs from its one-token steps by up to "
+                     f"{scan:.2g}; the verify equals the steps")
+    if prefix:
+        notes.append(f"mlx-lm's forward over 3 tokens differs from the first 3 rows of its "
+                     f"forward over 4 by {prefix:.2g}: a chain's commit inherits it ({chain:.2g})")
+    if wrong:
+        return Outcome(name, WRONG, "; ".join(wrong), notes)
+    if root_rows:
+        return Outcome(name, ROOT_ROW, f"root row vs the root's one-token step: "
+                       f"{', '.join(root_rows)}", notes)
+    return Outcome(name, EXACT, "", notes)

@@ -1,0 +1,115 @@
+"""Every model family of the installed mlx-lm verifies a branching tree and rolls
+back exactly, or is refused with its specific reason; none is silently wrong.
+
+One test per module (helpers.modules(): 126 in mlx-lm 0.32.2, plus variants),
+each a tiny seeded model of mlx-lm's own classes (helpers_configs) verified
+through ``adapter_for`` against mlx-lm's own forwards over root paths, from a
+history inside and one past every window, then committed and decoded on
+(suites/families/helpers says what is compared and the one documented
+difference). Its line, printed at the end of the run, is the README's table
+("Families"). The expected refusals and the audit record
+(treespec.verify.audited) are pinned here: a family that starts or stops
+verifying fails until both are updated.
+"""
+
+import json
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.utils import load_model
+
+from suites.families import helpers as H
+from suites.families.helpers_configs import config
+from suites.hybrid.helpers import Flattened
+from treespec.verify import TreeAdapter, adapter_for, tree_injected
+from treespec.verify.audited import AUDITED
+
+pytestmark = pytest.mark.exactness
+
+# Refused, and the words the refusal must say (README, "Families": why).
+REFUSED = {
+    "baichuan_m1": "an attention that keeps a recurrent state of its own",
+    "deepseek_v41": "LayerCache is not a cache mode treespec knows",
+    "llama4": "chunked attention (llama4) builds its chunk mask from flattened row indices",
+    "minimax_m3_vl": "minimax_m3_vl.Attention._block_mask",
+    "nanochat": "nanochat.apply_rotary_emb (nanochat.py:32) applies rotary embeddings with "
+                "mx.fast.rope itself",
+    "phi3small": "phi3small.Attention._block_sparse_mask",
+    "talkie": "talkie.Attention._rope (talkie.py:85) applies rotary embeddings with "
+              "mx.fast.rope itself",
+    "internlm2@dynamic": "DynamicNTKScalingRoPE computes its base from the scalar offset",
+}
+# mlx-lm itself cannot run these here: not counted either way.
+CANNOT_RUN = {
+    "olmo": "SystemExit",  # its module exits at import without ai2-olmo
+    "muse_spark": "No Metal back-end",  # a Metal-only kernel in its forward
+}
+
+
+def check(name: str, outcome: H.Outcome) -> None:
+    """The sweep's verdict on one family: never WRONG, and the pinned one."""
+    assert outcome.verdict != H.WRONG, f"silently wrong: {outcome.line()}"
+    if name in CANNOT_RUN:
+        assert outcome.verdict == H.CANNOT_RUN and CANNOT_RUN[name] in outcome.detail, outcome.line()
+    elif name in REFUSED:
+        assert outcome.verdict == H.REFUSED and REFUSED[name] in outcome.detail, outcome.line()
+    else:
+        assert outcome.verdict in (H.EXACT, H.ROOT_ROW), outcome.line()
+    if "@" not in name and name not in CANNOT_RUN:
+        audited = f"mlx_lm.models.{name}" in AUDITED
+        assert audited == (name not in REFUSED), (
+            f"treespec.verify.audited says {'audited' if audited else 'not audited'}: {outcome.line()}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", H.modules())
+def test_every_family_verifies_a_branching_tree_and_rolls_back_or_is_refused_by_reason(
+        name, record_property):
+    outcome = H.run(name)
+    record_property("family", outcome.line())
+    check(name, outcome)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma3", "gemma4", "qwen3_vl", "mistral3"])
+def test_a_multimodal_checkpoint_verifies_its_language_model(name, tmp_path):
+    """Saved as a checkpoint of the wrapper's model_type and loaded back by
+    mlx-lm: the adapter reaches the language model inside the wrapper."""
+    built = H.build(name)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), dict(tree_flatten(built.parameters())))
+    (tmp_path / "config.json").write_text(json.dumps(config(name)))
+    loaded, _ = load_model(tmp_path)
+    assert type(loaded) is type(built) and loaded.model_type == name
+    check(name, H.run(name, model=loaded))
+
+
+def test_nine_in_ten_families_mlx_lm_can_run_have_an_audit_record():
+    names = [n for n in H.modules() if "@" not in n]
+    runnable = [n for n in names if n not in CANNOT_RUN]
+    assert {f"mlx_lm.models.{n}" for n in runnable} >= AUDITED
+    assert len(AUDITED) >= 0.9 * len(runnable), (len(AUDITED), len(runnable))
+
+
+class FlattenedScale(TreeAdapter):
+    """Planted: ministral3 admitted with its query scale left at the
+    flattened index (no re-indexing by depth)."""
+
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
+        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+                             positions=[], plans=plans, ropes=ropes)
+
+
+@pytest.mark.parametrize("name, factory", [
+    ("ministral3", lambda m: FlattenedScale(m, adapter_for(m).family)),
+    ("mamba2", lambda m: adapter_for(m, recurrent=Flattened())),
+], ids=["flattened-query-scale", "flattened-recurrence"])
+def test_a_family_that_is_silently_wrong_fails_the_sweep(name, factory):
+    """What the sweep would say of a family that verifies wrongly without
+    refusing: WRONG, and its check fails. ministral3's scale is wrong only
+    where the tree straddles a multiple of original_max_position_embeddings
+    (8 in the tiny config: nodes past depth 3 from a 12-token history)."""
+    outcome = H.run(name, factory)
+    assert outcome.verdict == H.WRONG, outcome.line()
+    with pytest.raises(AssertionError, match="silently wrong"):
+        check(name, outcome)

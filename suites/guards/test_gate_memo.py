@@ -1,0 +1,45 @@
+"""The gate's memo is keyed by the weights' content: an in-place edit of a
+weight array (``w[0] = 0``, the same array object) gives a new key, so the
+probe measures again instead of reusing the old verdict."""
+
+import math
+
+import mlx.core as mx
+import pytest
+
+from treespec import zoo
+from treespec.gate import configuration, decide
+
+pytestmark = pytest.mark.exactness
+
+SHAPES = [(-1,), (-1, 0), (-1, 0, 0)]
+
+
+def q_proj(model):
+    return model.layers[0].self_attn.q_proj
+
+
+def test_an_in_place_weight_edit_changes_the_weights_digest():
+    model = zoo.build("llama")  # its own arrays: this test edits them
+    before = configuration(model)["weights"]
+    w = q_proj(model).weight
+    w[0] = 0
+    after = configuration(model)["weights"]
+    assert after != before
+    # The digest is the content's: the same edit made as a new array in a
+    # model built apart hashes alike.
+    other = zoo.build("llama")
+    edited = mx.array(q_proj(other).weight)
+    edited[0] = 0
+    q_proj(other).weight = edited
+    assert configuration(other)["weights"] == after
+    assert configuration(zoo.build("llama"))["weights"] == before
+
+
+def test_the_gate_measures_again_after_an_in_place_weight_edit():
+    model = zoo.build("llama")
+    assert decide(model, SHAPES).exact
+    w = model.model.embed_tokens.weight
+    w[:] = math.nan  # every logit NaN: a verdict measured now cannot pass
+    decision = decide(model, SHAPES)
+    assert not decision.run and not decision.exact, decision.reason

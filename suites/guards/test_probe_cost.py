@@ -1,0 +1,60 @@
+"""The exactness probe's cost is bounded by what the run can use: a run of
+max_tokens tokens verifies trees of at most max_tokens nodes, so only those
+are probed; its single-token references step each node once (not once per
+leaf below it, each leaf from a fresh prefill); a tree over the stated
+maximum is refused by name before anything runs. Counted in forwards of the
+target, never timed."""
+
+import pytest
+
+from suites.guards import helpers
+from suites.guards.helpers import counted
+from treespec import gate, zoo
+from treespec.decode import decode
+from treespec.draft import FixedTreeDrafter
+from treespec.tree import DraftTree
+
+pytestmark = pytest.mark.exactness
+
+STAR = [40]  # 40 children of the root: the shape that took 37 s for 4 tokens
+
+
+def test_a_short_run_probes_only_the_trees_it_can_verify():
+    max_tokens = 4
+    target = zoo.build("llama")  # its own instance: a layer is wrapped
+    # At most 2 * max_tokens shapes (chains and prefixes of <= max_tokens
+    # nodes), each per draw: one prefill, one verify, one step per node;
+    # then the run: width reads, a prefill, a verify per round.
+    bound = gate.DRAWS * 2 * max_tokens * (2 + max_tokens) + max_tokens + 5
+    counter = counted(target, budget=bound)
+    result = decode(target, helpers.prompt(8), mode="tree", draft_model=helpers.drafter(),
+                    branching=STAR, max_tokens=max_tokens)
+    assert len(result.tokens) == max_tokens and result.stats.gate["run"]
+    assert counter.calls <= bound
+
+
+def test_the_probe_steps_each_node_once_per_shape_and_draw():
+    target = zoo.build("llama")
+    shapes = FixedTreeDrafter(branching=STAR).probe_shapes()
+    distinct = set(shapes)
+    # Per draw and distinct shape: one prefill, one verify, and one single
+    # step per node; two width reads (the probe's and its adapter's).
+    bound = gate.DRAWS * sum(2 + len(s) for s in distinct) + 2
+    counter = counted(target, budget=bound)
+    p = gate.probe(target, shapes)
+    assert [s.shape for s in p.shapes] == [tuple(s) for s in shapes] and p.identical
+    assert counter.calls <= bound
+
+
+def test_a_tree_past_the_probe_maximum_is_refused_before_any_forward():
+    target = zoo.build("llama")
+    counter = counted(target, budget=2)
+    star = tuple(DraftTree([0] * (gate.MAX_PROBE_NODES + 1),
+                           [-1] + [0] * gate.MAX_PROBE_NODES).parents)
+    with pytest.raises(ValueError, match=rf"{gate.MAX_PROBE_NODES + 1} nodes.*at most "
+                                         rf"{gate.MAX_PROBE_NODES}.*gate=False"):
+        gate.probe(target, [star])
+    with pytest.raises(ValueError, match=rf"501 nodes.*at most {gate.MAX_PROBE_NODES}"):
+        decode(target, helpers.prompt(8), mode="tree", draft_model=helpers.drafter(),
+               branching=[500], max_tokens=1000)
+    assert counter.calls <= 2
