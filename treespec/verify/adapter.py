@@ -177,7 +177,7 @@ class TreeAdapter:
         return owners
 
     def verify(self, tree: DraftTree, cache: Sequence, start: int = 0,
-               tokens: Optional[mx.array] = None) -> mx.array:
+               tokens: Optional[mx.array] = None, inject: Optional[bool] = None) -> mx.array:
         """Logits [n, vocab], row i for node i, from one forward over the tree.
 
         The caches end holding all n nodes (in flattened order); commit the
@@ -187,7 +187,10 @@ class TreeAdapter:
         n - start rows returned (a drafter growing its tree level by level).
         ``tokens``: the fed nodes' tokens as a device array, possibly not yet
         computed (a chain still being drafted); the forward is built on them
-        and ``tree`` gives only the topology.
+        and ``tree`` gives only the topology. ``inject=True`` sends a chain
+        through the tree path too (mask array, per-node RoPE, tree-aware
+        recurrence) instead of a plain forward: correct by construction, so
+        treespec.numerics measures the tree path's own kernels with it.
         """
         # A chain is mlx-lm's own chain verify: a plain forward, whose causal
         # mask and contiguous positions are the tree's (contracts 1 and 5),
@@ -196,7 +199,9 @@ class TreeAdapter:
         # growing a spine feeds it. A one-node tree is a plain decode step,
         # left alone so that a wrapped RotatingKVCache takes the same in-place
         # update (and key order) as classic decoding.
-        inject = len(tree) > 1 and not tree.is_linear()
+        if inject is None:
+            inject = not tree.is_linear()
+        inject = bool(inject) and len(tree) > 1
         # Only an injected forward needs every rope to take per-node
         # positions, so only it walks the modules for them.
         owners = self.check(tree, cache, start, ropes=inject)

@@ -270,8 +270,11 @@ class TreeGatedDelta:
 
     name = "tree GatedDeltaNet"
 
-    def __init__(self, limit: Optional[int] = None):
-        self.limit = limit
+    def __init__(self, limit: Optional[int] = None, chains: bool = False):
+        # chains=True: a chain too goes through the per-depth recurrence (one
+        # mixer call per node: slow; correct by construction, so
+        # treespec.numerics measures this recurrence's own kernels with it).
+        self.limit, self.chains = limit, chains
         self._last = None  # (cache list, {cache index: stand-in})
 
     def refusal(self, model, caches, tree) -> Optional[str]:
@@ -280,7 +283,7 @@ class TreeGatedDelta:
     @contextmanager
     def inject(self, model, caches, tree):
         self._last = None
-        if tree.is_linear():
+        if tree.is_linear() and not self.chains:
             # A chain through the recurrence is the sequence itself: exact
             # through the mixer's own multi-token path, which is much faster
             # than one call per depth. Commit then replays the path from the
