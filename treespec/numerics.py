@@ -60,7 +60,7 @@ __all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "INCONCLUSIV
            "envelope", "judge", "measure", "tree_path_verdict", "widths_of", "worst"]
 
 SAMPLES = 4  # contexts measured per bucket, and per extension
-MAX_SAMPLES = 16
+MAX_SAMPLES = 12
 TAIL = 2.0  # a sample this far above the median: the rounding is heavy-tailed, measure more
 
 CONTROLS = ("flattened positions", "causal mask", "leaked sibling")
@@ -155,10 +155,10 @@ class Measurement:
             c = spread[i] if i < len(spread) else self._rng.randint(self.lo, self.hi)
             self.samples.append(_Sample(self.model, self.kv, c, f"{self._seed}:{self.key}:{i}:{c}"))
 
-    def _measure(self, s: "_Sample", m: int):
+    def _measure(self, s: "_Sample", m: int, tree_path: bool):
         toks, steps = s.chain(m)
         p = self.model(mx.array(toks)[None], cache=_clone(s.base))[0]
-        t = self._tree_path(toks, s.base)
+        t = self._tree_path(toks, s.base) if tree_path else None
         if t is None:
             return _diff(p, steps), None, None
         return _diff(p, steps), _diff(t, steps), _diff(t, p)
@@ -170,16 +170,20 @@ class Measurement:
             return 0.0, 0.0, 0.0
         rows = self.by_width.setdefault(m, [])
         while True:
-            rows += [self._measure(s, m) for s in self.samples[len(rows):]]
+            # The tree path on the first SAMPLES samples: it is the plain
+            # forward's kernels plus its own (admitted only within the plain
+            # bound), and the tail is the plain forward's.
+            rows += [self._measure(s, m, i < SAMPLES) for i, s in enumerate(self.samples)
+                     if i >= len(rows)]
             plains = sorted(r[0] for r in rows)
             if len(self.samples) < MAX_SAMPLES and plains[-1] > TAIL * plains[len(plains) // 2]:
                 self._more(SAMPLES)
                 continue
             break
-        trees = [r[1] for r in rows]
+        trees = [r[1] for r in rows[:SAMPLES]]
         if any(t is None for t in trees):
             return plains[-1], None, None
-        return plains[-1], max(trees), max(r[2] for r in rows)
+        return plains[-1], max(trees), max(r[2] for r in rows[:SAMPLES])
 
     def _tree_path(self, toks, base) -> Optional[mx.array]:
         if self.adapter is None:

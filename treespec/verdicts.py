@@ -152,12 +152,15 @@ def widths_of(tree: DraftTree, *more: int) -> Tuple[int, ...]:
 
 
 def bucket(context: int) -> Tuple[int, int]:
-    """Contexts are measured per bucket: 0, 1, 2, 3-4, 5-8, 9-16, ... The
-    envelope's samples spread over the bucket (its ends and middle)."""
-    if context <= 2:
-        return context, context
-    hi = 1 << (context - 1).bit_length()
-    return hi // 2 + 1, hi
+    """Contexts are measured per bucket, each 4x the last: 0, 1-8, 9-32,
+    33-128, 129-512, ... The envelope's samples spread over the bucket (its
+    ends, its middle, then random contexts in it)."""
+    if context <= 0:
+        return 0, 0
+    hi = 8
+    while hi < context:
+        hi *= 4
+    return (1 if hi == 8 else hi // 4 + 1), hi
 
 
 # -- judging ----------------------------------------------------------------------

@@ -105,9 +105,12 @@ def test_a_multi_token_matmul_change_of_a_few_ulp_widens_the_envelope_and_the_ga
 
     monkeypatch.setattr(nn.Linear, "__call__", few_ulp_more_for_several_rows)
     env = numerics.measure(model, CONTEXT, numerics.widths_of(TREE))
-    assert env.plain > plain.plain and env.tree_ok, (plain.line(), env.line())
+    assert not env.exact and env.tree_ok, (plain.line(), env.line())
     verdict = _verify_and_judge(model, env)
-    assert verdict.word == numerics.WITHIN, verdict.line()
+    if plain.exact:  # the reference BLAS: raised from 0, and the verify is within it
+        assert verdict.word == numerics.WITHIN, verdict.line()
+    else:  # a backend already inexact: never a FAIL for a few ulp
+        assert verdict.ok and verdict.word != numerics.BIT_EXACT, verdict.line()
     decision = decide(model, shapes_for(4, [TREE.parents]), draws=1,
                       adapter_name="planted multi-token matmul")
     assert not decision.run and "declined" in decision.reason
