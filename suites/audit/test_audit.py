@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from suites.audit.helpers_defects import DEFECTS
+from suites.helpers_numerics import EXACT_REGIMES
 from treespec import audit, cli, zoo
+from treespec.blas import regime
 
 pytestmark = pytest.mark.exactness
 
@@ -51,7 +53,10 @@ def test_audit_passes_on_zoo_checkpoints(family, drafter, capsys):
         assert statuses[prop] == "pass", lines
     if family in ("qwen3", "qwen3_next"):  # head_dim 32: quantized KV is a cache mode
         assert {"rollback[kv-q4-g32]", "rollback[kv-q8-g32]"} <= names
-        assert statuses["rollback[kv-q4-g32]"] == "pass"
+        # 4-bit KV on an inexact backend: one quantization level moves logits
+        # as far as a defect does, so the verdict may be inconclusive there.
+        allowed = ("pass",) if regime() in EXACT_REGIMES else ("pass", "inconclusive")
+        assert statuses["rollback[kv-q4-g32]"] in allowed
     else:  # head_dim 16: said, not silently dropped
         assert statuses["rollback[kv-quant]"] == "skip"
     header = report["header"]
@@ -62,13 +67,18 @@ def test_audit_passes_on_zoo_checkpoints(family, drafter, capsys):
 
 def test_gemma_probe_names_the_key_order_case(capsys):
     """The gate's probe differs on a wrapped sliding window (a one-token step
-    sums keys in ring order); the audit re-measures before the wrap and says
-    so instead of failing."""
+    sums keys in ring order); the audit re-measures before the wrap and, on
+    an exact backend, names the key-order case instead of failing; elsewhere
+    the difference is within the backend's envelope. The gate declines."""
     rc, report = run_json(capsys, "--model", zoo.checkpoint("gemma3_text"), "--only", "probe")
     (probe,) = report["checks"]
-    assert rc == 0 and probe["status"] == "inexact", probe
-    assert "key-order" in probe["detail"] and "declines" in probe["detail"]
-    assert report["probe_before_wrap"]["identical"]
+    assert rc == 0 and probe["verdict"] == "declined by gate", probe
+    assert "declines" in probe["detail"]
+    if regime() in EXACT_REGIMES:
+        assert probe["status"] == "inexact" and "key-order" in probe["detail"], probe
+        assert report["probe_before_wrap"]["identical"]
+    else:
+        assert "within the backend's envelope" in probe["detail"], probe
 
 
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
@@ -146,7 +156,8 @@ def test_the_cli_as_a_subprocess_prints_the_table_and_exits_1():
     assert "BLAS" in out and "device" in out
     row = next(line for line in out.splitlines() if line.startswith("rollback[native]"))
     assert " FAIL " in row and "max |diff|" in row and "after committing" in row
-    assert next(l for l in out.splitlines() if l.startswith("tree-verify[native]")).split()[1] == "pass"
+    tree_row = next(l for l in out.splitlines() if l.startswith("tree-verify[native]"))
+    assert tree_row.split()[1] in ("bit-exact", "within"), tree_row  # the verdict column
     assert out.rstrip().splitlines()[-1].startswith("FAILED (rollback[native]")
 
 

@@ -1,11 +1,14 @@
 """A linear tree verifies exactly as mlx-lm's own chain verify: the plain
 ``model(tokens[None], cache=cache)`` forward ``speculative_generate_step``
 runs. Same logits bit for bit, and the caches end in the same state (every
-array byte, every offset), on attention-only and hybrid recurrent models."""
+array byte, every offset), on attention-only and hybrid recurrent models, on
+every backend: it is that very forward."""
 
 import mlx.core as mx
 import pytest
 
+from suites.helpers_numerics import exact
+from suites.verdict import CHAIN
 from suites.verify import helpers
 from suites.verify.helpers import CONFIGS, KV_QUANT, clone, config_id, max_abs_diff, plain_rows, fingerprint
 from treespec.verify import adapter_for
@@ -31,6 +34,7 @@ def test_a_linear_tree_verifies_exactly_as_mlx_lm_chain_verify(cfg, hist, tree):
     mx.eval(logits)
     assert mx.array_equal(chain, logits), max_abs_diff(chain, logits)
     assert fingerprint(cache) == fingerprint(chain_cache)
+    exact(CHAIN, model, f"kv{hist.kv_bits}" if hist.kv_bits else "")
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_5"])

@@ -1,5 +1,9 @@
-"""Contract 6: every node's verify logits equal, bit for bit, the last row of a
-plain mlx-lm forward over that node's root path from the same cache state.
+"""Contract 6: every node's verify logits equal the last row of a plain mlx-lm
+forward over that node's root path from the same cache state: bit for bit
+where the backend is exact (the CPU reference BLAS), within its measured
+envelope elsewhere, with the tree's own negative controls (flattened
+positions, causal mask, a leaked sibling) landing far outside
+(treespec.numerics; suites/helpers_numerics.py).
 
 The one place a plain forward differs is pinned, not tolerated: a root-only
 path is a one-token step, and on a RotatingKVCache whose buffer has wrapped
@@ -15,6 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from suites import helpers_strategies as strategies
+from suites.helpers_numerics import check
+from suites.verdict import VERIFY
 from suites.verify import helpers
 from suites.verify.helpers import (
     CONFIGS,
@@ -42,7 +48,8 @@ def verify_against_root_paths(family, dtype, bits, hist: History, tree: DraftTre
     logits = adapter_for(model).verify(tree, cache)
     mx.eval(logits)
     assert logits.shape == (len(tree), zoo.VOCAB_SIZE)
-    assert_rows_are_root_path_forwards(model, before, tree, logits)
+    kv = (hist.kv_bits, helpers.KV_GROUP) if hist.kv_bits else None
+    assert_rows_are_root_path_forwards(model, before, tree, logits, kv)
 
 
 def _cases():
@@ -74,9 +81,12 @@ def test_a_one_token_step_on_a_wrapped_window_differs_only_by_key_order(family):
     rotated it differs (float32: every such state measured differs; in
     bfloat16/float16 the rounding of the logits absorbs it, measured equal
     in every state), and the tree's root row is exactly row 0 of a
-    multi-token forward. Swept over prompts of
-    0..window+2 and 2*window+1 tokens, each followed by 0..window+2 single
-    steps (every buffer rotation, both wrap routes)."""
+    multi-token forward. Swept over prompts of 0..window+2 and 2*window+1
+    tokens, each followed by 0..window+2 single steps (every buffer rotation,
+    both wrap routes). Where the backend is not exact, the one-token step,
+    the two-token forward and the tree are forwards of different widths: the
+    same comparisons hold within the measured envelope (and the rotated
+    step within the key-order bound)."""
     model = helpers.model(family)
     adapter = adapter_for(model)
     w = helpers.window(family)
@@ -93,9 +103,16 @@ def test_a_one_token_step_on_a_wrapped_window_differs_only_by_key_order(family):
                 step = plain_rows(model, step_cache, tree.tokens[:1])[0]
                 rotated = keys_rotated(step_cache)
                 seen[rotated] += 1
-                assert mx.array_equal(step, logits[0]) == (not rotated), (n_prompt, n_steps)
                 concat = plain_rows(model, clone(before), tree.tokens[:2])[0]
-                assert mx.array_equal(concat, logits[0]), (n_prompt, n_steps)
+                offset = n_prompt + n_steps
+                check(concat, logits[0], model, offset, (1, 2, 3), VERIFY,
+                      what="root row vs a two-token forward")
+                if rotated:  # float32: the ring order shows, within its bound
+                    assert not mx.array_equal(step, logits[0]).item(), (n_prompt, n_steps)
+                    assert max_abs_diff(step, logits[0]) <= REORDER_BOUND, (n_prompt, n_steps)
+                else:
+                    check(step, logits[0], model, offset, (1, 3), VERIFY,
+                          what="root row vs the one-token step, keys in time order")
             if step_token is not None:
                 plain_rows(model, cache, [step_token])  # one more single step
     assert seen[True] and seen[False]

@@ -12,8 +12,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
+from .. import numerics
 from ..tree import DraftTree
-from .subject import Subject, vocab, window
+from .subject import Subject, the_adapter, vocab, window
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,14 @@ def histories(s: Subject) -> List[History]:
             both,
         ]
     return s._memo["histories"]
+
+
+def envelope(s: Subject, context: int, widths, mode: CacheMode = CacheMode()):
+    """The audited model's envelope (treespec.numerics) at ``context`` over
+    ``widths`` in ``mode``, its tree path through the adapter under audit: a
+    callable, measured when a comparison first needs it."""
+    return lambda: numerics.envelope(s.model, context, widths, mode.kv_bits, mode.kv_group,
+                                     adapter=the_adapter(s), adapter_name=s.adapter_source)
 
 
 def base_cache(s: Subject, hist: History, mode: CacheMode) -> list:

@@ -192,7 +192,7 @@ class TreeAdapter:
 
     @taking_turns
     def verify(self, tree: DraftTree, cache: Sequence, start: int = 0,
-               tokens: Optional[mx.array] = None) -> mx.array:
+               tokens: Optional[mx.array] = None, inject: Optional[bool] = None) -> mx.array:
         """Logits [n, vocab], row i for node i, from one forward over the tree.
 
         The caches end holding all n nodes (in flattened order); commit the
@@ -205,6 +205,10 @@ class TreeAdapter:
         and ``tree`` gives only the topology. Their values are not read
         (that would wait for the device): they must be ids of this model's
         vocabulary, as a drafter's top-k over logits of its width are.
+        ``inject=True`` sends a chain through the tree path too (mask array,
+        per-node RoPE, tree-aware recurrence) instead of a plain forward:
+        correct by construction, so treespec.numerics measures the tree
+        path's own kernels with it.
 
         Takes its turn (treespec.verify.guard: one verify at a time in the
         process). Refusals come before anything is written; if the forward
@@ -228,7 +232,9 @@ class TreeAdapter:
         # growing a spine feeds it. A one-node tree is a plain decode step,
         # left alone so that a wrapped RotatingKVCache takes the same in-place
         # update (and key order) as classic decoding.
-        inject = len(tree) > 1 and not tree.is_linear()
+        if inject is None:
+            inject = not tree.is_linear()
+        inject = bool(inject) and len(tree) > 1
         # Only an injected forward needs every rope to take per-node
         # positions, so only it walks the modules for them.
         owners = self.check(tree, cache, start, ropes=inject)

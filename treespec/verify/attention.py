@@ -203,6 +203,22 @@ MaskFn = Callable[[object, int, Optional[int]], mx.array]
 _MISSING = object()
 
 
+def _observed(cache, update):
+    """``update`` (a plan's ``update_and_fetch``), still reporting what it is
+    fed to an observer already on the cache instance: an ``update_and_fetch``
+    with an ``observe`` attribute (treespec.audit.movement.recorded), which
+    a plan replaces for the forward but must not blind."""
+    observe = getattr(cache.__dict__.get("update_and_fetch"), "observe", None)
+    if observe is None:
+        return update
+
+    def update_and_fetch(keys, values):
+        observe(keys, values)
+        return update(keys, values)
+
+    return update_and_fetch
+
+
 @contextmanager
 def injected(
     model: nn.Module,
@@ -260,7 +276,7 @@ def injected(
         for c in attention:
             instance(c, "make_mask", make_override(c))
             if id(c) in plans:
-                instance(c, "update_and_fetch", plans[id(c)].update_and_fetch)
+                instance(c, "update_and_fetch", _observed(c, plans[id(c)].update_and_fetch))
         if ropes:
             depths = mx.array(depths, dtype=mx.int32)
             if owners is None:
