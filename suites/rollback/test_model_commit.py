@@ -52,12 +52,6 @@ LATER = [[3], [7], [11, 12, 13], [5], [9, 2]]
 TOKENS = st.integers(0, zoo.VOCAB_SIZE - 1)
 
 
-def branching_ok(family, setup):
-    # A wrapped keep>0 window is refused by treespec.verify for branching
-    # trees; linear ones still run (as a plain forward).
-    return setup != "rotating-w12-keep4"
-
-
 CHAIN = DraftTree.linear([21, 22, 23, 24, 25])
 
 
@@ -67,8 +61,7 @@ def test_next_steps_match_a_model_that_only_saw_the_path(family, setup, history)
     # A chain goes through the recurrent layers as a plain sequence (they
     # write their states); a branching tree through the tree-aware
     # recurrence (it writes none): the replay must be right after both.
-    trees = [CHAIN] + ([BUSH] if branching_ok(family, setup) or history < 12 else [])
-    for tree in trees:
+    for tree in (CHAIN, BUSH):
         for node in sorted({0, int(np.argmax(tree.depths())), 2}):
             rounds = [(tree, tree.path_to(node))]
             rounds_then_decode(family, setup, HISTORY[:history], rounds, LATER)
@@ -95,8 +88,6 @@ def test_half_precision_caches_commit_exactly(family):
     later=st.lists(st.lists(TOKENS, min_size=1, max_size=3), max_size=3),
 )
 def test_rounds_of_random_trees_then_decode(family, setup, history, rounds, later):
-    if not branching_ok(family, setup):
-        rounds = [(DraftTree.linear(t.tokens), list(range(len(p)))) for t, p in rounds]
     rounds_then_decode(family, setup, HISTORY[:history], rounds, later or [[1]])
 
 

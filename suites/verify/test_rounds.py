@@ -8,7 +8,7 @@ import pytest
 from suites.helpers_numerics import check, exact
 from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS
 from suites.verify import helpers
-from suites.verify.helpers import HYBRID, History, clone, plain_rows, assert_rows_are_root_path_forwards, assert_refused_untouched
+from suites.verify.helpers import HYBRID, History, classic, clone, plain_rows, assert_rows_are_root_path_forwards, assert_refused_untouched
 from treespec import caches, numerics, zoo
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.tree import DraftTree
@@ -41,8 +41,9 @@ def test_after_commit_decoding_continues_as_if_only_the_path_was_fed(family, his
     """Commit the root path to ``node``: every cache then holds exactly the
     rows (and recurrent states) the verify wrote for the path, on every
     backend; and the next two steps give the logits of a cache that saw the
-    history, then the path as one forward (bit for bit where the backend is
-    exact, within its envelope elsewhere)."""
+    history, then the path as one forward (on a sliding-window ring: one
+    token at a time, as classic decoding feeds it), bit for bit where the
+    backend is exact, within its envelope elsewhere."""
     model = helpers.model(family)
     adapter = adapter_for(model)
     cache = hist.replay(model)
@@ -58,7 +59,7 @@ def test_after_commit_decoding_continues_as_if_only_the_path_was_fed(family, his
     exact(ROLLBACK_ROWS, model, "native")
     path_tokens = [tree.tokens[j] for j in path]
     ref = hist.replay(model)
-    plain_rows(model, ref, path_tokens)
+    classic(model, ref, path_tokens)
     widths = numerics.widths_of(tree, len(path))
     for t in helpers.tokens(2, 21):
         check(plain_rows(model, cache, [t]), plain_rows(model, ref, [t]), model, offset + len(path),

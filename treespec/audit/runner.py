@@ -133,8 +133,7 @@ def run(s: Subject, properties: Sequence[str] = PROPERTIES) -> Report:
     checks = []
     for prop in properties:
         checks += check(prop, s)
-    return Report(header(s), checks, s._memo.get("probe"), time.perf_counter() - t0,
-                  s._memo.get("probe_before_wrap"))
+    return Report(header(s), checks, s._memo.get("probe"), time.perf_counter() - t0)
 
 
 def audit(model_path, draft_path=None, adapter: Optional[str] = None,
@@ -164,8 +163,6 @@ def format_report(report: Report) -> str:
         lines.append(f"{c.name:<{width}}  {c.verdict:<{vw}}  {c.detail}")
     if report.probe is not None:
         lines += ["", report.probe.table()]
-    if report.probe_before_wrap is not None:
-        lines += ["", "before the window wraps:", report.probe_before_wrap.table()]
     words = []
     for c in report.checks:
         if c.verdict not in words:

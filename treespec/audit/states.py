@@ -13,6 +13,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from .. import numerics
+from ..caches import leaves
 from ..tree import DraftTree
 from .subject import Subject, the_adapter, vocab, window
 
@@ -162,6 +163,19 @@ def keys_rotated(cache) -> bool:
         isinstance(c, RotatingKVCache) and c.offset > c.keys.shape[2] and c._idx != c.keys.shape[2]
         for c in cache
     )
+
+
+def classic(model, cache, tokens) -> mx.array:
+    """Logits [T, vocab] of the reference forward over a root path: where a
+    cache is a sliding-window ring (RotatingKVCache), one-token steps, as
+    classic decoding computes them (a multi-token forward would put a wrapped
+    ring in time order first, which neither classic decoding nor a tree
+    verify does: README, "Verify"); elsewhere one plain forward."""
+    if not any(isinstance(c, RotatingKVCache) for _, c in leaves(cache)):
+        return plain(model, cache, tokens)
+    out = mx.concatenate([model(mx.array([[t]]), cache=cache)[0] for t in tokens])
+    mx.eval(out)
+    return out
 
 
 def wrapped(cache) -> bool:

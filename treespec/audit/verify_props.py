@@ -1,7 +1,9 @@
 """Audit properties of the adapter and its verify: the adapter exists and
 only reads in ``check``; a linear tree's rows equal one plain forward
 (contract 6 on chains); every node of a branching tree equals a plain
-forward over its root path, in every cache mode (contract 6)."""
+forward over its root path, in every cache mode (contract 6). On a
+sliding-window ring the reference is classic decoding's one-token steps
+(``states.classic``): the verify lays the ring out as they see it."""
 
 import random
 from typing import List
@@ -12,8 +14,8 @@ from .. import numerics
 from ..errors import TreeRefused
 from ..tree import DraftTree
 from .records import FAIL, PASS, Check, Tally
-from .states import (CacheMode, base_cache, branching_trees, clone, envelope, fingerprint,
-                     histories, keys_rotated, plain, random_tree)
+from .states import (CacheMode, base_cache, branching_trees, classic, clone, envelope,
+                     fingerprint, histories, random_tree)
 from .subject import Subject, the_adapter, the_walk, vocab, window
 
 
@@ -47,7 +49,9 @@ def check_adapter(s: Subject) -> List[Check]:
 
 def check_linear_verify(s: Subject) -> List[Check]:
     """A linear tree's verify rows equal one plain forward over the chain
-    (what mlx-lm's speculative decoding runs), from the same cache state."""
+    (what mlx-lm's speculative decoding runs; on a sliding-window ring the
+    chain's one-token steps, as classic decoding and the ring layout see
+    it), from the same cache state."""
     adapter, model = the_adapter(s), s.model
     rng = random.Random(f"{s.options.seed}:linear")
     v, w = vocab(s), window(model)
@@ -60,7 +64,7 @@ def check_linear_verify(s: Subject) -> List[Check]:
             logits = _verify_copy(tally, adapter, tree, base, hist, w, f"chain of {n}", "refused")
             if logits is None:
                 continue
-            ref = plain(model, clone(base), tree.tokens)
+            ref = classic(model, clone(base), tree.tokens)
             where = {"history": hist.label(w), "chain": n, "tree": list(tree.parents)}
             if logits.shape != ref.shape:
                 tally.fail({**where, "message": f"verify returned {tuple(logits.shape)}, "
@@ -128,15 +132,7 @@ def check_tree_verify(s: Subject, mode: CacheMode = CacheMode()) -> Check:
             refs = []
             for i in range(len(tree)):
                 path = tree.path_to(i)
-                ref_cache = clone(base)
-                ref = plain(model, ref_cache, [tree.tokens[j] for j in path])[-1]
-                if len(path) == 1 and not mx.array_equal(ref, logits[0]).item() and keys_rotated(ref_cache):
-                    # The root alone is a one-token step over ring-ordered keys;
-                    # the verify's root row must equal a time-ordered forward's.
-                    ref = plain(model, clone(base), [tree.tokens[0]] * 2)[0]
-                    tally.note("root rows on a wrapped window compared with a time-ordered "
-                               "forward (README, 'Verify': key order)")
-                refs.append(ref)
+                refs.append(classic(model, clone(base), [tree.tokens[j] for j in path])[-1])
             refs = mx.stack(refs)
             env = envelope(s, hist.offset, numerics.widths_of(tree, 2), mode)
             controls = _controls(model, base, tree, refs)
