@@ -351,7 +351,10 @@ class _Control(TreeAdapter):
 
     defect = ""
 
-    def injection(self, cache, tree, owners, start):
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
+        # No ring layout (``plans``): on a sliding window the defective verify
+        # takes mlx-lm's own multi-token update, whose time order is one more
+        # (tiny) difference from the one-token references on top of its defect.
         depths = np.arange(len(tree)) if self.defect == CONTROLS[0] else tree.depths()
         return injected(self.model, cache, depths, lambda c, n, w: _control_mask(self.defect, c, tree, n, w),
                         self.family.rope_attr, owners)
