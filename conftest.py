@@ -1,8 +1,10 @@
 """Project-wide pytest setup: markers, hypothesis profiles, golden snapshots,
-and a private folder for the probe's disk memo."""
+``--blas`` (the CPU regime), the verdict table (suites/verdict.py), and a
+private folder for the probe's disk memo."""
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -11,6 +13,8 @@ from hypothesis import HealthCheck, settings
 from syrupy.extensions.amber import AmberSnapshotExtension
 
 GOLDEN = Path(__file__).parent / "golden"
+
+pytest_plugins = ["suites.verdict"]
 
 # `ci` is deterministic (derandomized, no example database) so a red run is
 # reproducible from the commit alone; `dev` searches much harder.
@@ -47,9 +51,34 @@ def pytest_addoption(parser):
                     help="drafter checkpoint for the end-to-end text diff (default: the target itself)")
     group.addoption("--adapter", default=None, metavar="MODULE:ATTR",
                     help="callable model -> adapter to audit instead of treespec.verify.adapter_for")
+    parser.addoption(
+        "--blas", default="auto", choices=("auto", "reference", "openblas"),
+        help="the CPU BLAS MLX multiplies with: openblas re-executes pytest with Debian's "
+             "OpenBLAS preloaded (the fast, inexact regime), reference without any preloaded "
+             "BLAS; auto keeps this process's (default)")
+
+
+def _choose_blas(config):
+    """Re-execute this pytest under the requested BLAS before any test runs
+    (LD_PRELOAD only takes effect in a new process). xdist workers inherit
+    the controller's environment and must already have it."""
+    from treespec import blas
+
+    choice = config.getoption("--blas")
+    if choice == "auto":
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        if blas.detect().cpu_name != choice:
+            raise pytest.UsageError(f"--blas {choice}: this worker runs on {blas.describe()}")
+        return
+    try:
+        blas.ensure_blas(choice, [sys.executable, *sys.orig_argv[1:]])
+    except blas.BlasUnavailable as e:
+        raise pytest.UsageError(f"--blas {choice}: {e}")
 
 
 def pytest_configure(config):
+    _choose_blas(config)
     config.addinivalue_line(
         "markers", "exactness: checks one of the ten exactness contracts (the CI gate)"
     )
@@ -76,12 +105,12 @@ def pytest_unconfigure(config):
 
 
 def _regime() -> str:
-    # Goldens are kept per BLAS regime: round statistics legitimately differ
-    # where the gate declines under one BLAS and runs under another; texts
-    # must not (suites/regimes compares them across regimes).
-    from treespec.blas import detect
+    # Goldens are kept per numerics regime (reference, openblas, cuda, ...):
+    # README, "Goldens per regime", says what each pins and how to record a
+    # new backend's.
+    from treespec.blas import regime
 
-    return detect().name
+    return regime()
 
 
 class GoldenExtension(AmberSnapshotExtension):

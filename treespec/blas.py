@@ -43,6 +43,7 @@ __all__ = [
     "ensure_blas",
     "openblas_candidates",
     "openblas_path",
+    "regime",
     "reexec_with_openblas",
     "reexec_without_preload",
     "missing_openblas_message",
@@ -274,6 +275,13 @@ def detect() -> BlasInfo:
         version=version,
         mapped=mapped,
     )
+
+
+def regime(info: BlasInfo | None = None) -> str:
+    """The name a numerics regime's goldens are kept under: the CPU BLAS
+    ("reference", "openblas", ...) or, on a GPU, its backend ("cuda", "metal")."""
+    info = info or detect()
+    return _gpu_backend() if info.name == "gpu" else info.name
 
 
 def describe(info: BlasInfo | None = None) -> str:

@@ -36,7 +36,10 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from . import gate_memo
+from mlx_lm.models.cache import make_prompt_cache
+
+from . import caches, gate_memo
+from .attention_check import AttentionCheck, interleaved_rows_match
 from .blas import detect
 from .models import model_type, prefilled, vocab_size
 from .options import MAX_DRAFT_NODES
@@ -80,10 +83,13 @@ class Probe:
     seconds: float = 0.0  # what measuring it cost (0 when read back from disk)
     memo: Optional[str] = None  # the file it was stored to or read from
     source: str = "measured"  # or "disk memo"
+    # Backend checks a model's layout rests on (treespec.attention_check),
+    # for models with a sliding window.
+    checks: List[AttentionCheck] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
-        return all(s.identical for s in self.shapes)
+        return all(s.identical for s in self.shapes) and all(c.identical for c in self.checks)
 
     @property
     def max_abs_diff(self) -> float:
@@ -105,6 +111,10 @@ class Probe:
             verdict = "identical" if s.identical else "differs"
             rows.append(f"  {s.m:>3} {shape:<28} {verdict:<10} {s.max_abs_diff:>10.3g} "
                         f"{s.argmax_flips:>5}")
+        for c in self.checks:
+            verdict = "identical" if c.identical else "differs"
+            rows.append(f"  {'-':>3} {'ring attention, ' + c.dtype:<28} {verdict:<10} "
+                        f"{c.max_abs_diff:>10.3g} {'-':>5}")
         return "\n".join(rows)
 
     def to_json(self) -> dict:
@@ -193,6 +203,18 @@ def _key(config: dict, shapes) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _context_cache(model, context, steps: int = 0, fresh=prefilled) -> list:
+    """A fresh cache (``fresh(model, tokens)``: the cache mode) holding
+    ``context``: prefilled, its last ``steps`` tokens fed one at a time
+    (which turns a sliding-window ring away from the phase a prefill leaves
+    it in)."""
+    cache = fresh(model, context[: len(context) - steps])
+    for t in context[len(context) - steps:]:
+        model(mx.array([[t]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
 def _chain_logits(model, cache, tree) -> Dict[int, mx.array]:
     """Each node's logits from single-token steps over its root path, the way
     classic decoding computes them: from ``cache`` (a prefilled context,
@@ -263,14 +285,21 @@ def compare_shapes(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, s
     adapter = adapter if adapter is not None else adapter_for(model)
     fresh = cache.prefilled if cache is not None else prefilled
     v = vocab_size(model)
+    window = min(caches.windows(make_prompt_cache(model)), default=None)
     measured = {}
     for parents in dict.fromkeys(shapes):
         tally = _Tally()
         for d in range(draws):
             rng = random.Random(hash((seed, d, len(parents))) & 0xFFFFFFFF)
-            ctx = [rng.randrange(v) for _ in range(context)]
+            n_ctx, steps = context, 0
+            if window is not None and d % 2:
+                # Past the window, its ring turned to a phase a prefill never
+                # leaves (a verify must lay the ring out as one-token steps
+                # see it).
+                n_ctx, steps = window + 1 + d, 1 + d
+            ctx = [rng.randrange(v) for _ in range(n_ctx)]
             tree = DraftTree([rng.randrange(v) for _ in parents], parents)
-            state = fresh(model, ctx)
+            state = _context_cache(model, ctx, steps, fresh)
             ref = _chain_logits(model, copy.deepcopy(state), tree)
             tally.add(adapter.verify(tree, state), ref, len(tree))
         measured[parents] = tally.result(parents, draws)
@@ -322,8 +351,18 @@ def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int 
             if persist:
                 path = gate_memo.save(expect, [asdict(r) for r in result.shapes], **kw)
                 result.memo = str(path) if path is not None else None
+        # Not stored: measured in every process (a backend property, cheap).
+        if caches.windows(make_prompt_cache(model)):
+            result.checks = [interleaved_rows_match(_DTYPES[d], draws=RING_DRAWS)
+                             for d in config["dtypes"] if d in _DTYPES]
         _MEMO[key] = result
     return _MEMO[key]
+
+
+# Draws of the ring-attention check: enough for a reordered sum to show in
+# bfloat16, whose rounding hides most of them (suites/ring pins it).
+RING_DRAWS = 32
+_DTYPES = {str(t): t for t in (mx.float32, mx.float16, mx.bfloat16)}
 
 
 @dataclass
@@ -352,9 +391,17 @@ def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapt
         return Decision(True, True, f"probe passed: {len(p.shapes)} shapes bit-identical "
                         f"to single-token steps ({p.config['blas']}, {p.config['device']})", p)
     bad = [s for s in p.shapes if not s.identical]
-    what = (f"{len(bad)} of {len(p.shapes)} shapes differ from single-token steps "
-            f"(max |diff| {p.max_abs_diff:.3g}, {p.argmax_flips} argmax flips; first at "
-            f"M={bad[0].m}) on {p.config['blas']}, {p.config['device']}, {p.config['dtypes']}")
+    where = f"on {p.config['blas']}, {p.config['device']}, {p.config['dtypes']}"
+    if bad:
+        what = (f"{len(bad)} of {len(p.shapes)} shapes differ from single-token steps "
+                f"(max |diff| {p.max_abs_diff:.3g}, {p.argmax_flips} argmax flips; first at "
+                f"M={bad[0].m}) {where}")
+    else:
+        ring = [c for c in p.checks if not c.identical]
+        what = (f"this backend's attention does not give a masked multi-query row the bits of "
+                f"a one-query step in {', '.join(c.dtype for c in ring)} (max |diff| "
+                f"{max(c.max_abs_diff for c in ring):.3g}), which the sliding-window verify "
+                f"rests on (treespec.attention_check) {where}")
     if allow_inexact:
         return Decision(True, False, f"INEXACT, running anyway (--allow-inexact): {what}", p)
     return Decision(False, False, f"declined to classic decode: {what}", p)

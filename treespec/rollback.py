@@ -216,7 +216,7 @@ def commit_path(
     if offset < 0:
         raise RollbackRefused(f"offset {offset} is negative")
     parents = _parents_of(tree)
-    tail = Tail(int(offset), len(parents), _root_path(path, parents))
+    tail = Tail(int(offset), parents, _root_path(path, parents))
     entries = [None] * len(cache)
     if snapshot is not None:
         if len(snapshot.caches) != len(cache):

@@ -9,11 +9,18 @@ import numpy as np
 
 class Tail:
     """The verified tail of one verify forward and the root path kept from it:
-    the forward wrote ``n`` nodes at ``offset ..``; ``path`` (int64, starting
-    at the root 0) is what stays, compacted to ``offset .. offset + k - 1``."""
+    the forward wrote the ``n = len(parents)`` nodes of a tree at ``offset ..``;
+    ``path`` (int64, starting at the root 0) is what stays, compacted to
+    ``offset .. offset + k - 1``."""
 
-    def __init__(self, offset: int, n: int, path: np.ndarray):
-        self.offset, self.n, self.path, self.k = offset, n, path, len(path)
+    def __init__(self, offset: int, parents, path: np.ndarray):
+        self.offset, self.path, self.k = offset, path, len(path)
+        self.parents = list(parents)
+        self.n = len(self.parents)
+        depths = np.zeros(self.n, dtype=np.int64)
+        for i in range(1, self.n):
+            depths[i] = depths[self.parents[i]] + 1
+        self.depths = depths
         # Rows before the first off-path node already sit in their slot.
         self.first_moved = next((i for i, p in enumerate(path.tolist()) if p != i), self.k)
 

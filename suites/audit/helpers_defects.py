@@ -13,7 +13,7 @@ from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 
 from treespec.caches import rotating_kept
 from treespec.verify import ChainOnly, TreeAdapter, adapter_for
-from treespec.verify.attention import injected, tree_mask
+from treespec.verify.attention import tree_injected
 from treespec.walk import Walk, tree_walk
 
 
@@ -32,30 +32,35 @@ def _causal(cache, N, window):
 
 class CausalMask(TreeAdapter):
     """Ignores the tree mask: depth positions, but the causal mask, so
-    siblings see each other (contract 4)."""
+    siblings see each other (contract 4). A sliding-window ring keeps its
+    own layout's mask (its keys are not in time order)."""
 
-    def injection(self, cache, tree, owners, start):
-        return injected(self.model, cache, tree.depths()[start:] - start, _causal,
-                        self.family.rope_attr, owners)
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
+        plans = plans or {}
+
+        def mask(c, N, w):
+            return plans[id(c)].mask(w) if id(c) in plans else _causal(c, N, w)
+
+        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+                             plans=plans, ropes=ropes, mask_fn=mask)
 
 
 class FlatPositions(TreeAdapter):
     """Contiguous positions: node i at ``offset + i`` (its flattened index),
     not ``offset + depth`` (contract 5); the tree mask is right."""
 
-    def injection(self, cache, tree, owners, start):
-        mask = lambda c, N, w: tree_mask(c, tree, w, start)
-        return injected(self.model, cache, np.arange(len(tree) - start), mask,
-                        self.family.rope_attr, owners)
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
+        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+                             plans=plans, ropes=ropes, depths=np.arange(len(tree) - start))
 
 
 class ShiftedPositions(TreeAdapter):
-    """Positions ``offset + depth + 1``: wrong for every tree, chains too."""
+    """Positions ``offset + depth + 1``: wrong for every branching tree (a
+    chain is a plain forward, given the model's own positions)."""
 
-    def injection(self, cache, tree, owners, start):
-        mask = lambda c, N, w: tree_mask(c, tree, w, start)
-        return injected(self.model, cache, tree.depths()[start:] - start + 1, mask,
-                        self.family.rope_attr, owners)
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
+        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+                             plans=plans, ropes=ropes, depths=tree.depths()[start:] - start + 1)
 
 
 class TailTrim(TreeAdapter):

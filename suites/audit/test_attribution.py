@@ -49,10 +49,10 @@ def test_a_mode_mlx_lm_alone_cannot_run_is_said_and_the_others_are_still_audited
 class CrashesOnQuantizedKV(TreeAdapter):
     """Planted: treespec's own fault, in one cache mode only."""
 
-    def verify(self, tree, cache, start=0, tokens=None):
+    def verify(self, tree, cache, start=0, tokens=None, **kw):
         if any(isinstance(c, QuantizedKVCache) for c in cache):
             raise TypeError("planted: treespec breaks on a quantized KV cache")
-        return super().verify(tree, cache, start, tokens)
+        return super().verify(tree, cache, start, tokens, **kw)
 
 
 def test_a_treespec_crash_in_one_mode_fails_that_row_only():

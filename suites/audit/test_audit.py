@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from suites.audit.helpers_defects import DEFECTS
+from suites.helpers_numerics import EXACT_REGIMES
 from treespec import audit, cli, zoo
+from treespec.blas import regime
 
 pytestmark = pytest.mark.exactness
 
@@ -51,7 +53,10 @@ def test_audit_passes_on_zoo_checkpoints(family, drafter, capsys):
         assert statuses[prop] == "pass", lines
     if family in ("qwen3", "qwen3_next"):  # head_dim 32: quantized KV is a cache mode
         assert {"rollback[kv-q4-g32]", "rollback[kv-q8-g32]"} <= names
-        assert statuses["rollback[kv-q4-g32]"] == "pass"
+        # 4-bit KV on an inexact backend: one quantization level moves logits
+        # as far as a defect does, so the verdict may be inconclusive there.
+        allowed = ("pass",) if regime() in EXACT_REGIMES else ("pass", "inconclusive")
+        assert statuses["rollback[kv-q4-g32]"] in allowed
     else:  # head_dim 16: said, not silently dropped
         assert statuses["rollback[kv-quant]"] == "skip"
     header = report["header"]
@@ -60,15 +65,21 @@ def test_audit_passes_on_zoo_checkpoints(family, drafter, capsys):
     assert report["probe"]["shapes"]
 
 
-def test_gemma_probe_names_the_key_order_case(capsys):
-    """The gate's probe differs on a wrapped sliding window (a one-token step
-    sums keys in ring order); the audit re-measures before the wrap and says
-    so instead of failing."""
+def test_gemma_probe_on_a_wrapped_window_is_exact_where_the_backend_is(capsys):
+    """The gate's probe runs past gemma's sliding window, where a one-token
+    step sees the ring's keys in slot order; the verify lays them out the
+    same way, so on an exact backend the probe is bit-identical (the gate
+    lets speculation run); elsewhere the difference is the backend's,
+    within its envelope, and the gate declines."""
     rc, report = run_json(capsys, "--model", zoo.checkpoint("gemma3_text"), "--only", "probe")
     (probe,) = report["checks"]
-    assert rc == 0 and probe["status"] == "inexact", probe
-    assert "key-order" in probe["detail"] and "declines" in probe["detail"]
-    assert report["probe_before_wrap"]["identical"]
+    assert rc == 0, probe
+    if regime() in EXACT_REGIMES:
+        assert probe["status"] == "pass" and probe["verdict"] == "bit-exact", probe
+        assert report["probe"]["identical"], report["probe"]
+    else:
+        assert probe["verdict"] == "declined by gate", probe
+        assert "within the backend's envelope" in probe["detail"], probe
 
 
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
@@ -146,7 +157,8 @@ def test_the_cli_as_a_subprocess_prints_the_table_and_exits_1():
     assert "BLAS" in out and "device" in out
     row = next(line for line in out.splitlines() if line.startswith("rollback[native]"))
     assert " FAIL " in row and "max |diff|" in row and "after committing" in row
-    assert next(l for l in out.splitlines() if l.startswith("tree-verify[native]")).split()[1] == "pass"
+    tree_row = next(l for l in out.splitlines() if l.startswith("tree-verify[native]"))
+    assert tree_row.split()[1] in ("bit-exact", "within"), tree_row  # the verdict column
     assert out.rstrip().splitlines()[-1].startswith("FAILED (rollback[native]")
 
 

@@ -6,9 +6,13 @@ given with ``--target-model`` (options in the root conftest.py)::
 One test per property (treespec.audit.PROPERTIES), each running the audit's
 own function for it; skipped when no --target-model is given."""
 
+from pathlib import Path
+
 import pytest
 
+from suites.verdict import record
 from treespec import audit
+from treespec.numerics import BIT_EXACT, WORDS, Verdict
 from treespec.errors import UsageError
 
 pytestmark = pytest.mark.exactness
@@ -30,7 +34,13 @@ def subject(request):
 @pytest.mark.parametrize("prop", audit.PROPERTIES)
 def test_user_model(subject, prop):
     checks = audit.check(prop, subject)
+    for c in checks:
+        record(Verdict(c.verdict if c.verdict in WORDS else BIT_EXACT, c.max_diff or 0.0,
+                       detail=c.detail), f"audit: {c.name}", Path(subject.name).name)
     failed = [c for c in checks if not c.ok]
     assert not failed, "\n".join(c.line() for c in failed)
     if all(c.status == audit.SKIP for c in checks):
         pytest.skip("; ".join(c.line() for c in checks))
+    inconclusive = [c for c in checks if c.status == audit.INCONCLUSIVE]
+    if inconclusive:
+        pytest.skip("inconclusive: " + "; ".join(c.line() for c in inconclusive))

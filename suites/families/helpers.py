@@ -17,11 +17,15 @@ prefix alone differs from the same rows of its forward over the chain
 (measured in the same run: bailing_hybrid's chunked linear attention) the
 commit inherits that, and the line says so.
 
+On a sliding-window ring the reference steps the whole model one token at
+a time: a one-token step sums a wrapped ring's keys in slot order, a
+multi-token forward in time order, and treespec verifies as the steps do
+(treespec.ring).
+
 One documented difference is accepted, and only where it is measured in the
 same run: the ROOT row of a verify is computed by the multi-token path, and
 where mlx-lm's own one-token step takes another path (multi-head latent
-attention's ``L == 1`` branch; a wrapped sliding window, whose one-token
-step sums its keys in ring order) it differs from the root's own one-token
+attention's ``L == 1`` branch) it differs from the root's own one-token
 forward. It is accepted when it equals row 0 of a two-token forward over
 the root and its first child and that row itself differs from the one-token
 forward (mlx-lm disagreeing with itself). Anything else that differs is
@@ -219,7 +223,12 @@ def _put(container, key, module):
 
 def forward(model, cache, tokens, stepped=True) -> mx.array:
     """Logits [T, vocab] of mlx-lm's forward over ``tokens``; ``stepped``:
-    recurrent layers one token at a time."""
+    as classic decoding computes them, recurrent layers one token at a time,
+    and where a cache is a sliding-window ring the whole model one token at a
+    time (a one-token step sees the ring in slot order, a multi-token
+    forward in time order: treespec verifies as the steps do)."""
+    if stepped and len(tokens) > 1 and any(type(c) is RotatingKVCache for _, c in _leaves(cache)):
+        return mx.concatenate([forward(model, cache, [t], stepped) for t in tokens], axis=0)
     swapped = []
     if stepped:
         busy = [False]
@@ -276,12 +285,14 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
     forward(model, ref, [tree.tokens[j] for j in PATH])
     res["commit"] = _decode_diff(model, cache, ref, decode)
     # A chain is mlx-lm's own chain verify (a plain forward, recurrent layers
-    # through their multi-token path); its commit replays the kept prefix.
+    # through their multi-token path; a ring laid out as one-token steps see
+    # it); its commit replays the kept prefix.
+    ring = any(type(c) is RotatingKVCache for _, c in _leaves(before))
     chain, cache = DraftTree.linear(tree.tokens[:4]), copy.deepcopy(before)
     mx.eval(adapter.verify(chain, cache))
     adapter.commit(cache, chain, [0, 1, 2])
     ref = copy.deepcopy(before)
-    forward(model, ref, chain.tokens[:3], stepped=False)
+    forward(model, ref, chain.tokens[:3], stepped=ring)
     res["chain_commit"] = _decode_diff(model, cache, ref, decode)
     if res["chain_commit"]:
         # Only documented where mlx-lm disagrees with itself: its forward over

@@ -95,9 +95,9 @@ class FlattenedScale(TreeAdapter):
     """Planted: ministral3 admitted with its query scale left at the
     flattened index (no re-indexing by depth)."""
 
-    def injection(self, cache, tree, owners, start):
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
         return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
-                             positions=[])
+                             positions=[], plans=plans, ropes=ropes)
 
 
 @pytest.mark.parametrize("name, factory", [

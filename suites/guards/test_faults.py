@@ -43,9 +43,10 @@ def swapped(owner, attr, stand_in):
 class MaskFault(TreeAdapter):
     """Raises from its tree mask (the model asks for it mid-forward)."""
 
-    def injection(self, cache, tree, owners, start):
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
         return _raising_masks(
-            tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start), cache)
+            tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+                          plans=plans, ropes=ropes), cache)
 
 
 @contextmanager

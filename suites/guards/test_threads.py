@@ -17,7 +17,7 @@ from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify import guard
 from treespec.verify.adapter import TreeAdapter
-from treespec.verify.attention import injected, tree_mask
+from treespec.verify.attention import tree_injected, tree_mask
 
 pytestmark = pytest.mark.exactness
 
@@ -35,15 +35,17 @@ class Held(TreeAdapter):
         super().__init__(model, real.family, real.recurrent, real.found)
         self.inside, self.release = threading.Event(), threading.Event()
 
-    def injection(self, cache, tree, owners, start):
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
+        plans = plans or {}
+
         def mask(c, n, window):
             if not self.inside.is_set():
                 self.inside.set()
                 assert self.release.wait(WAIT), "never released"
-            return tree_mask(c, tree, window, start)
+            return plans[id(c)].mask(window) if id(c) in plans else tree_mask(c, tree, window, start)
 
-        depths = tree.depths()[start:] - start
-        return injected(self.model, cache, depths, mask, self.family.rope_attr, owners)
+        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+                             plans=plans, ropes=ropes, mask_fn=mask)
 
 
 class Verifier(threading.Thread):

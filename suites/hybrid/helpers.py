@@ -7,9 +7,11 @@ from contextlib import contextmanager
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
+from treespec import numerics
 from treespec.tree import DraftTree  # noqa: F401  (re-exported for the tests)
 from treespec.verify import adapter_for
 from treespec.mixers import discover
+from treespec.verify.recurrence import tree_mixer_forward
 
 FAMILIES = ("qwen3_5", "qwen3_next")
 
@@ -212,3 +214,106 @@ def mixer_cache(m, slots, prefix_len, seed):
 def mismatched(a, b):
     """Indices along axis 0 where two stacks differ (any bit)."""
     return [i for i in range(a.shape[0]) if not mx.array_equal(a[i], b[i]).item()]
+
+
+# -- the mixer's numerics envelope ---------------------------------------------
+# treespec.numerics' rule one level down: how far a mixer's plain forward over
+# M inputs, and the tree-aware recurrence over a chain of M (correct by
+# construction), are from M single-input steps, for the outputs and for the
+# state they leave, over contexts spread across the prefix's bucket. The
+# negative control without a tree of its own: the plain forward with one
+# input replaced (what a commit that kept a stale row would leave).
+
+_STEP = 48  # widest input sequence measured
+
+
+class _LayerMeasurement:
+    def __init__(self, family, prefix):
+        self.m, self.slots = mixer(family)
+        lo, hi = numerics.bucket(prefix)
+        ctxs = sorted({lo, (lo + hi) // 2, hi})
+        self.contexts = tuple(ctxs + [hi] * (numerics.SAMPLES - len(ctxs)))
+        self.key = f"{family} mixer, prefix {lo}-{hi}"
+        self.samples = []
+        for i, p in enumerate(self.contexts):
+            cache = mixer_cache(self.m, self.slots, p, seed=7000 + i)
+            x = mx.random.normal((1, _STEP, D_MODEL), key=mx.random.key(8000 + i))
+            self.samples.append({"cache": cache, "x": x, "out": [], "state": [], "c": copy_cache(cache)})
+        self.by_width = {}
+        self.controls = None
+
+    def _steps(self, s, n):
+        while len(s["out"]) < n:
+            t = len(s["out"])
+            y = self.m(s["x"][:, t : t + 1], s["c"].make_mask(1), s["c"])
+            mx.eval(y, s["c"].cache)
+            s["out"].append(y[0, -1])
+            s["state"].append(list(s["c"].cache))
+        return mx.stack(s["out"][:n]), s["state"][n - 1]
+
+    def width(self, n):
+        if n not in self.by_width:
+            out, state = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+            for s in self.samples:
+                steps, st = self._steps(s, n)
+                c = copy_cache(s["cache"])
+                p = self.m(s["x"][:, :n], c.make_mask(n), c)[0]
+                t, states = tree_mixer_forward(self.m, s["x"][:, :n], DraftTree.linear(list(range(n))),
+                                               s["cache"])
+                t, tst = t[0], states.node(n - 1)
+                for k, (a, b) in enumerate(((p, steps), (t, steps), (t, p))):
+                    out[k] = max(out[k], _maxdiff(a, b))
+                for k, (a, b) in enumerate(((c.cache, st), (tst, st), (tst, c.cache))):
+                    state[k] = max(state[k], max(_maxdiff(x, y) for x, y in zip(a, b)))
+            self.by_width[n] = (out, state)
+        return self.by_width[n]
+
+    def control(self):
+        if self.controls is None:
+            s = self.samples[0]
+            x = s["x"][:, :8]
+            wrong = mx.concatenate([x[:, :2], s["x"][:, 20:21], x[:, 3:]], axis=1)
+            a, b = copy_cache(s["cache"]), copy_cache(s["cache"])
+            ya, yb = self.m(x, a.make_mask(8), a)[0], self.m(wrong, b.make_mask(8), b)[0]
+            self.controls = ({"substituted input": _maxdiff(ya, yb)},
+                             {"substituted input": max(_maxdiff(u, v) for u, v in zip(a.cache, b.cache))})
+        return self.controls
+
+    def envelopes(self, widths):
+        widths = tuple(sorted(set(widths) | {1}))
+        rows = [self.width(n) for n in widths if n > 1] or [([0.0] * 3, [0.0] * 3)]
+        made = []
+        for j in (0, 1):
+            vals = [max(r[j][k] for r in rows) for k in range(3)]
+            env = numerics.Envelope(self.key + (" outputs", " state")[j], widths, self.contexts, *vals)
+            if not env.exact:
+                env = numerics.Envelope(env.key, widths, self.contexts, *vals, self.control()[j])
+            made.append(env)
+        return made
+
+
+def _maxdiff(a, b) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    return float(mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).item())
+
+
+def copy_cache(cache):
+    """An ArraysCache sharing the (never mutated) slot arrays."""
+    c = ArraysCache(len(cache.cache))
+    c.cache = list(cache.cache)
+    c.left_padding = None if cache.left_padding is None else mx.array(cache.left_padding)
+    c.lengths = None if cache.lengths is None else mx.array(cache.lengths)
+    return c
+
+
+_LAYER_MEMO = {}
+
+
+def layer_envelopes(family, prefix, widths):
+    """(outputs envelope, state envelope) of ``family``'s mixer (a
+    treespec.numerics.Envelope each) at ``prefix`` inputs of history."""
+    key = (family, numerics.bucket(prefix))
+    if key not in _LAYER_MEMO:
+        _LAYER_MEMO[key] = _LayerMeasurement(family, prefix)
+    return _LAYER_MEMO[key].envelopes(widths)

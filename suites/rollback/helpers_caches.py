@@ -141,7 +141,9 @@ def observe(c, prefix="") -> dict:
     """Everything later updates and masks can depend on: the valid rows of
     every state array and every meta field. Rows past ``offset`` of a
     step-allocated buffer are never read, so they are left out; a rotating
-    cache's whole buffer is its ring, so all of it is in."""
+    cache is observed as its attention reads it (``keys_and_values``: the
+    whole ring once it holds ``offset`` rows or more, rows in slot order)
+    with the slot its next step writes."""
     if isinstance(c, CacheList):
         out = {}
         for j, s in enumerate(c.caches):
@@ -152,7 +154,8 @@ def observe(c, prefix="") -> dict:
         obs.update({f"slot{i}": a for i, a in enumerate(c.cache)})
         obs.update(left_padding=c.left_padding, lengths=c.lengths)
     elif isinstance(c, RotatingKVCache):
-        obs.update(keys=c.keys, values=c.values, offset=c.offset, _idx=c._idx)
+        keys, values = c.keys_and_values() if c.keys is not None else (None, None)
+        obs.update(keys=keys, values=values, offset=c.offset, _idx=c._idx)
         obs.update(keep=c.keep, max_size=c.max_size)
     else:
         start = getattr(c, "start_position", 0)

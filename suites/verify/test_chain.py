@@ -1,27 +1,42 @@
 """A linear tree verifies exactly as mlx-lm's own chain verify: the plain
 ``model(tokens[None], cache=cache)`` forward ``speculative_generate_step``
 runs. Same logits bit for bit, and the caches end in the same state (every
-array byte, every offset), on attention-only and hybrid recurrent models."""
+array byte, every offset), on attention-only and hybrid recurrent models, on
+every backend: it is that very forward.
+
+Except on a sliding-window ring (RotatingKVCache): there a chain is laid
+out as classic decoding's one-token steps see the ring (README, "Verify"),
+so its rows are those steps' (bit for bit where the backend is exact,
+within its envelope elsewhere), not mlx-lm's multi-token forward's, which
+puts a wrapped ring in time order."""
 
 import mlx.core as mx
 import pytest
+from mlx_lm.models.cache import RotatingKVCache
 
+from suites.helpers_numerics import exact
+from suites.verdict import CHAIN
 from suites.verify import helpers
-from suites.verify.helpers import CONFIGS, KV_QUANT, clone, config_id, max_abs_diff, plain_rows, fingerprint
+from suites.verify.helpers import (CONFIGS, KV_QUANT, assert_rows_are_root_path_forwards, clone,
+                                   config_id, fingerprint, max_abs_diff, plain_rows)
 from treespec.verify import adapter_for
 
 pytestmark = pytest.mark.exactness
 
 
-def _cases():
+def _cases(ring: bool):
+    """(config, history, tree) of every config whose caches have a
+    sliding-window ring (``ring``) or have none."""
     for cfg in CONFIGS + KV_QUANT:
+        if (helpers.window(cfg[0]) is not None) != ring:
+            continue
         hists = helpers.histories(cfg[0], cfg[3] if len(cfg) > 3 else None)
         for hist in (hists[1], hists[3], hists[4]):  # short, wrapped by prompt, by steps
             for name, tree in helpers.linear_trees(cfg[0]).items():
                 yield pytest.param(cfg[:3], hist, tree, id=f"{config_id(cfg)}-h{hist.offset}-{name}")
 
 
-@pytest.mark.parametrize("cfg, hist, tree", list(_cases()))
+@pytest.mark.parametrize("cfg, hist, tree", list(_cases(ring=False)))
 def test_a_linear_tree_verifies_exactly_as_mlx_lm_chain_verify(cfg, hist, tree):
     model = helpers.model(*cfg)
     cache = hist.replay(model)
@@ -31,6 +46,20 @@ def test_a_linear_tree_verifies_exactly_as_mlx_lm_chain_verify(cfg, hist, tree):
     mx.eval(logits)
     assert mx.array_equal(chain, logits), max_abs_diff(chain, logits)
     assert fingerprint(cache) == fingerprint(chain_cache)
+    exact(CHAIN, model, f"kv{hist.kv_bits}" if hist.kv_bits else "")
+
+
+@pytest.mark.parametrize("cfg, hist, tree", list(_cases(ring=True)))
+def test_a_linear_tree_on_a_ring_verifies_as_its_one_token_steps(cfg, hist, tree):
+    """Short (not yet full), wrapped by a prompt and wrapped by single steps;
+    chains up to longer than the window."""
+    model = helpers.model(*cfg)
+    cache = hist.replay(model)
+    before = clone(cache)
+    assert any(isinstance(c, RotatingKVCache) for c in cache)
+    logits = adapter_for(model).verify(tree, cache)
+    mx.eval(logits)
+    assert_rows_are_root_path_forwards(model, before, tree, logits)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_5"])

@@ -120,26 +120,50 @@ def test_a_model_without_an_audit_record_is_accepted_and_says_so():
     assert any("no audit record" in n for n in notes), notes
 
 
-def test_a_wrapped_rotating_cache_with_kept_tokens_is_refused():
+def test_a_wrapped_rotating_cache_with_kept_tokens_verifies_as_one_token_steps():
     """What make_prompt_cache(max_kv_size=8) gives a model without its own
-    make_cache: RotatingKVCache(keep=4). Once wrapped the kept keys are
-    positions 0..3 plus a recent run, and every multi-token forward (mlx-lm's
-    own chain verify too) drops them for later queries while one-token
-    decoding attends to them (measured: logits differ by up to 3.9). Before
-    the wrap the same cache verifies exactly."""
+    make_cache: RotatingKVCache(keep=4). Once wrapped a one-token step sees
+    the kept keys 0..3 and a recent run in slot order, which every
+    multi-token forward (mlx-lm's own chain verify too) does not (it drops
+    the kept keys for later queries: logits differ by up to 3.9). The verify
+    lays the ring out as the one-token steps see it, kept slots included:
+    every node equals its root path's one-token steps, before and after the
+    wrap (suites/ring pins every phase)."""
     model = helpers.model("llama")
     adapter = adapter_for(model)
     kept_cache = lambda: [RotatingKVCache(max_size=8, keep=4) for _ in model.layers]
-    cache = kept_cache()
-    hist = helpers.history(5)
-    mx.eval(model(mx.array(hist.prompt)[None], cache=cache))
-    before = clone(cache)
-    logits = adapter.verify(BRANCHING, cache)
-    assert_rows_are_root_path_forwards(model, before, BRANCHING, logits)
+    for prompt in (helpers.history(5).prompt, helpers.tokens(12, 3)):
+        cache = kept_cache()
+        mx.eval(model(mx.array(prompt)[None], cache=cache))
+        before = clone(cache)
+        assert_rows_are_root_path_forwards(model, before, BRANCHING, adapter.verify(BRANCHING, cache))
 
-    wrapped = kept_cache()
-    mx.eval(model(mx.array(helpers.tokens(12, 3))[None], cache=wrapped))
-    assert_refused_untouched(adapter, BRANCHING, wrapped, "keep=4", "dropped keys")
+
+def test_kept_slots_under_a_window_narrower_than_the_ring_are_refused():
+    """A ring with kept slots (keep > 0) whose model asks for a narrower
+    window: mlx-lm's one-token mask then rolls over every slot, the kept
+    ones too, which no layout reproduces for certain: refused by name,
+    before anything is written."""
+    model = helpers.model("gemma3_text")
+    w = helpers.window("gemma3_text")
+    cache = [RotatingKVCache(max_size=2 * w, keep=4) if isinstance(c, RotatingKVCache) else c
+             for c in model.make_cache()]
+    mx.eval(model(mx.array(helpers.tokens(3 * w, 5))[None], cache=cache))
+    assert_refused_untouched(adapter_for(model), BRANCHING, cache, "keep=4",
+                             f"narrower window {w}")
+
+
+def test_rings_in_different_states_are_refused():
+    """A model builds one mask per kind of layer from one of its caches; a
+    verify lays every ring out with one mask, so rings of different sizes
+    (gemma's own sliding windows and, here, its global layers on a wider
+    ring) are refused by name, before anything is written."""
+    model = helpers.model("gemma3_text")
+    w = helpers.window("gemma3_text")
+    cache = [c if isinstance(c, RotatingKVCache) else RotatingKVCache(max_size=w + 4)
+             for c in model.make_cache()]
+    mx.eval(model(mx.array(helpers.tokens(2 * w, 6))[None], cache=cache))
+    assert_refused_untouched(adapter_for(model), BRANCHING, cache, "2 different ring states")
 
 
 def test_an_unknown_cache_type_is_refused():

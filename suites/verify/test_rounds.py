@@ -5,9 +5,12 @@ in parts (a drafter growing it level by level); the recurrent hook."""
 import mlx.core as mx
 import pytest
 
+from suites.helpers_numerics import check, exact
+from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS
 from suites.verify import helpers
-from suites.verify.helpers import HYBRID, History, clone, plain_rows, assert_rows_are_root_path_forwards, assert_refused_untouched
-from treespec import caches, zoo
+from suites.verify.helpers import HYBRID, History, classic, clone, plain_rows, assert_rows_are_root_path_forwards, assert_refused_untouched
+from treespec import caches, numerics, zoo
+from treespec.audit.movement import mismatches, moved, recorded
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify.recurrence import TreeRecurrence
@@ -35,20 +38,32 @@ def _cases():
 
 @pytest.mark.parametrize("family, hist, tree, node", list(_cases()))
 def test_after_commit_decoding_continues_as_if_only_the_path_was_fed(family, hist, tree, node):
-    """Commit the root path to ``node``; the next two steps give the logits of
-    a cache that saw the history, then the path as one forward."""
+    """Commit the root path to ``node``: every cache then holds exactly the
+    rows (and recurrent states) the verify wrote for the path, on every
+    backend; and the next two steps give the logits of a cache that saw the
+    history, then the path as one forward (on a sliding-window ring: one
+    token at a time, as classic decoding feeds it), bit for bit where the
+    backend is exact, within its envelope elsewhere."""
     model = helpers.model(family)
     adapter = adapter_for(model)
     cache = hist.replay(model)
     offset = caches.offset(cache)
-    adapter.verify(tree, cache)
+    pre = clone(cache)
+    with recorded(cache) as writes:
+        adapter.verify(tree, cache)
+    captures = adapter._last.captures
     path = tree.path_to(node)
     assert adapter.commit(cache, tree, path, offset) == len(path)
+    bad = mismatches(cache, moved(pre, writes, path, len(tree), captures, cache))
+    assert not bad, f"the commit of {path} left other rows than the verify wrote: {bad}"
+    exact(ROLLBACK_ROWS, model, "native")
     path_tokens = [tree.tokens[j] for j in path]
     ref = hist.replay(model)
-    plain_rows(model, ref, path_tokens)
+    classic(model, ref, path_tokens)
+    widths = numerics.widths_of(tree, len(path))
     for t in helpers.tokens(2, 21):
-        assert mx.array_equal(plain_rows(model, cache, [t]), plain_rows(model, ref, [t]))
+        check(plain_rows(model, cache, [t]), plain_rows(model, ref, [t]), model, offset + len(path),
+              widths, ROLLBACK_DECODE, what="next step after the commit", mode="native")
 
 
 @pytest.mark.parametrize("shape", ["bushy", "linear"])

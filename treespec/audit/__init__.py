@@ -6,16 +6,20 @@
 Each property is one function (``check_*`` in the ``*_props`` modules): it
 takes a :class:`Subject` (the model, the adapter factory and walk under
 audit, the options) and returns :class:`Check` records (name, status,
-detail, first failure, max |diff|). :func:`check` runs one property by
+verdict, detail, first failure, max |diff|). :func:`check` runs one property by
 name, :func:`run` all of them; suites/audit/test_user_model.py parametrises
 pytest over :data:`PROPERTIES` with the same functions.
 
 References are the suites' own: a plain mlx-lm forward over each node's
 root path from a copy of the identically prefilled cache (contract 6), a
 cache that was only ever fed the accepted path (contract 7), mlx-lm's chain
-accept loop (contract 2) and ``mlx_lm.generate`` (contract 9). Equality is
-bit for bit unless ``--allow-inexact`` (then within ``--tolerance``, and
-reported as "inexact").
+accept loop (contract 2) and ``mlx_lm.generate`` (contract 9). Numeric
+comparisons are judged against the model's envelope measured in the same
+run (treespec.numerics): bit for bit where the backend is exact, within the
+envelope elsewhere with the negative controls separating, inconclusive where
+they do not; data movement (what a commit keeps) is bit for bit everywhere.
+``--allow-inexact`` accepts what is beyond that within ``--tolerance``
+(reported as "inexact").
 
 A user adapter (``--adapter module:attr``) is any callable ``attr(model)``
 returning an object with ``verify(tree, cache, start=0)``,
@@ -27,10 +31,10 @@ their ``adapter=`` / ``walk=`` arguments.
 """
 
 from .command import cmd_audit
-from .records import FAIL, INEXACT, PASS, SKIP, Check, Options, Report
+from .records import FAIL, INCONCLUSIVE, INEXACT, PASS, SKIP, Check, Options, Report
 from .runner import CHECKS, PROPERTIES, audit, check, format_report, header, run
 from .subject import Subject, load_adapter, subject
 
-__all__ = ["CHECKS", "FAIL", "INEXACT", "PASS", "PROPERTIES", "SKIP", "Check", "Options",
+__all__ = ["CHECKS", "FAIL", "INCONCLUSIVE", "INEXACT", "PASS", "PROPERTIES", "SKIP", "Check", "Options",
            "Report", "Subject", "audit", "check", "cmd_audit", "format_report",
            "header", "load_adapter", "run", "subject"]

@@ -1,18 +1,23 @@
-"""Audit property of the exactness probe (treespec.gate): each node of a
-tree verify against single-token steps over its root path, over the e2e
-drafters' shapes, with the adapter under audit."""
+"""Audit properties of the backend's numerics: the envelope itself
+(treespec.numerics: how far multi-token forwards, plain and through the
+adapter's tree path, are from single-token steps, and whether the negative
+controls separate from it), and the exactness probe (treespec.gate): each
+node of a tree verify against single-token steps over its root path, over
+the e2e drafters' shapes, with the adapter under audit. A probe that
+differs within the envelope makes the gate decline (correct: "declined by
+gate"); beyond it, the tree verify is wrong (FAIL)."""
 
 import hashlib
 import json
 from typing import List, Optional
 
+from .. import numerics
 from ..draft import make_drafter
 from ..errors import TreeRefused
 from ..gate import CONTEXT, Probe, compare_shape, configuration
-from ..tree import DraftTree
 from .e2e_props import e2e_modes
-from .records import FAIL, INEXACT, KEY_ORDER_BOUND, PASS, Check
-from .subject import Subject, the_adapter, window
+from .records import FAIL, INCONCLUSIVE, INEXACT, PASS, Check
+from .subject import Subject, the_adapter
 
 
 def probe_shapes(block: int) -> List[tuple]:
@@ -45,20 +50,13 @@ def _probe(s: Subject, shapes, context: Optional[int] = None):
     return probe, refused
 
 
-def _depth(parents) -> int:
-    return int(DraftTree([0] * len(parents), parents).depth())
-
-
 def check_probe(s: Subject) -> List[Check]:
     """treespec.gate's exactness probe (each node of a tree verify vs
     single-token steps over its root path, the way classic decoding computes
-    it) over the e2e drafters' shapes, with the adapter under audit.
-
-    On a sliding window the probe's context wraps the ring, and a one-token
-    step then sums its keys in ring order (README, "Verify"): a difference there
-    with no argmax flip is re-measured before the window wraps; identical
-    there, it is reported as the known key-order case (inexact, not a
-    failure), with the gate's consequence."""
+    it) over the e2e drafters' shapes, with the adapter under audit. On a
+    sliding window the probe's context wraps the ring: the verify lays the
+    ring out as the one-token steps see it (README, "Verify"), so there too
+    any difference is the backend's (within its envelope) or a FAIL."""
     the_adapter(s)
     shapes = probe_shapes(s.options.block)
     probe, refused = _probe(s, shapes)
@@ -75,23 +73,36 @@ def check_probe(s: Subject) -> List[Check]:
              "message": f"M={bad[0].m} shape {','.join(map(str, bad[0].shape))} node {bad[0].first_node}"}
     detail = (f"{len(bad)}/{len(probe.shapes)} shapes differ from single-token steps, max |diff| "
               f"{probe.max_abs_diff:.3g}, {probe.argmax_flips} argmax flips; first: {first['message']}")
-    w = window(s.model)
-    if w and probe.argmax_flips == 0 and probe.max_abs_diff <= KEY_ORDER_BOUND:
-        fits = [sh for sh in shapes if _depth(sh) + 2 <= w]
-        depth = max((_depth(sh) for sh in fits), default=0)
-        context = w - depth - 1
-        if fits and context < CONTEXT:
-            before, _ = _probe(s, fits, context)
-            s._memo["probe_before_wrap"] = before
-            if before.identical:
-                return [Check("probe", INEXACT, (
-                    f"{detail}; before the window wraps (context {context}) all {len(before.shapes)} "
-                    f"shapes are bit-identical: only the known key-order case (a one-token step on "
-                    f"a wrapped window sums its keys in ring order; tree-verify checks wrapped "
-                    f"windows against time-ordered forwards). treespec.gate declines speculative "
-                    f"decoding here unless --allow-inexact{note}"), first, probe.max_abs_diff)]
-            bad2 = next(r for r in before.shapes if not r.identical)
-            detail += (f"; before the window wraps too: M={bad2.m} shape "
-                       f"{','.join(map(str, bad2.shape))} node {bad2.first_node} by {bad2.max_abs_diff:.3g}")
+    declined = numerics.DECLINED
+    env = _envelope(s, shapes)
+    if not env.exact and probe.max_abs_diff <= env.bound:
+        return [Check("probe", PASS, (
+            f"{detail}: within the backend's envelope (bound {env.bound:.3g}; {env.line()}), "
+            f"so treespec.gate declines speculative decoding here unless --allow-inexact"
+            f"{note}"), first, probe.max_abs_diff, verdict=declined)]
+    detail += f"; beyond the envelope's bound {env.bound:.3g} ({env.line()})"
     return [Check("probe", INEXACT if s.options.allow_inexact else FAIL, detail + note, first,
                   probe.max_abs_diff)]
+
+
+def _envelope(s: Subject, shapes, context: int = CONTEXT):
+    widths = range(1, max(len(sh) for sh in shapes) + 1)
+    return numerics.envelope(s.model, context, widths, adapter=the_adapter(s),
+                             adapter_name=s.adapter_source)
+
+
+def check_envelope(s: Subject) -> List[Check]:
+    """The backend's envelope for this model at the probe's context and the
+    drafters' widths (treespec.numerics), with the adapter's tree path: 0 on
+    an exact backend; elsewhere admitted only if the tree path agrees with
+    the plain forward and the negative controls land far outside it."""
+    env = _envelope(s, probe_shapes(s.options.block))
+    if env.exact:
+        return [Check("envelope", PASS, f"multi-token forwards bit-identical to single-token steps, "
+                      f"the tree path too: {env.line()}", max_diff=0.0)]
+    v = numerics.tree_path_verdict(env)
+    if v is None:
+        v = numerics.Verdict(numerics.INCONCLUSIVE, detail=f"the tree path refused a chain: {env.line()}")
+    status = {numerics.FAIL: FAIL, numerics.INCONCLUSIVE: INCONCLUSIVE}.get(v.word, PASS)
+    first = {"message": v.detail, "max_abs_diff": v.max_diff} if v.word == numerics.FAIL else None
+    return [Check("envelope", status, v.detail, first, env.value, verdict=v.word)]

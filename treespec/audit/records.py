@@ -1,16 +1,21 @@
 """The audit's records: one :class:`Check` per property (and cache or decode
-mode), the options, the report, and the tally that compares logits."""
+mode), the options, the report, and the tally that compares logits.
+
+Each row carries a status (pass / FAIL / skip / inexact / inconclusive: what
+the exit code follows) and a verdict in the suite's words (bit-exact, within
+envelope, declined by gate, inconclusive, FAIL; treespec.numerics): numeric
+comparisons are judged against the audited model's envelope measured in the
+same run, so an inexact backend reads "within envelope", not "FAIL"."""
 
 from dataclasses import asdict, dataclass
 from typing import Any, List, Optional
 
 import mlx.core as mx
 
+from .. import numerics
+
 PASS, FAIL, SKIP, INEXACT = "pass", "FAIL", "skip", "inexact"
-# A one-token step on a wrapped sliding window sums its keys in ring order
-# (README, "Verify"); after committing a root-only path there, later logits
-# may differ in the last bits from a reference that fed the root alone.
-KEY_ORDER_BOUND = 1e-3
+INCONCLUSIVE = numerics.INCONCLUSIVE
 
 
 @dataclass
@@ -23,6 +28,12 @@ class Check:
     first_failure: Optional[dict] = None
     max_diff: Optional[float] = None
     seconds: float = 0.0
+    verdict: str = ""  # the suite's word for this row (set from status when empty)
+
+    def __post_init__(self):
+        if not self.verdict:
+            self.verdict = {PASS: numerics.BIT_EXACT, FAIL: numerics.FAIL,
+                            INCONCLUSIVE: numerics.INCONCLUSIVE}.get(self.status, self.status)
 
     @property
     def ok(self) -> bool:
@@ -34,7 +45,7 @@ class Check:
         return self.name.split("[", 1)[0]
 
     def line(self) -> str:
-        return f"{self.name}: {self.status}: {self.detail}"
+        return f"{self.name}: {self.verdict}: {self.detail}"
 
 
 @dataclass
@@ -53,11 +64,19 @@ class Report:
     checks: List[Check]
     probe: Any = None  # treespec.gate.Probe
     seconds: float = 0.0
-    probe_before_wrap: Any = None  # the re-measurement of a windowed model
 
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        """FAIL if any row failed, else inconclusive if any row is, else pass."""
+        if not self.ok:
+            return numerics.FAIL
+        if any(c.status == INCONCLUSIVE for c in self.checks):
+            return numerics.INCONCLUSIVE
+        return PASS
 
     def failed(self) -> List[str]:
         return [c.name for c in self.checks if not c.ok]
@@ -65,18 +84,18 @@ class Report:
     def to_json(self) -> dict:
         return {
             "ok": self.ok,
+            "verdict": self.verdict,
             "header": self.header,
             "checks": [{**asdict(c), "ok": c.ok} for c in self.checks],
             "failed": self.failed(),
             "probe": self.probe.to_json() if self.probe is not None else None,
-            "probe_before_wrap": (self.probe_before_wrap.to_json()
-                                  if self.probe_before_wrap is not None else None),
             "seconds": round(self.seconds, 2),
         }
 
 
 class Tally:
-    """Comparisons of one property: counts, worst difference, first failure."""
+    """Comparisons of one property: counts per verdict, worst difference,
+    first failure."""
 
     def __init__(self, opts: Options):
         self.opts = opts
@@ -85,11 +104,17 @@ class Tally:
         self.first: Optional[dict] = None
         self.notes: List[str] = []
         self.refused: List[str] = []
+        self.words = {w: 0 for w in numerics.WORDS}
+        self.judged: List[numerics.Verdict] = []  # the non-bit-exact verdicts
 
-    def compare(self, got: mx.array, want: mx.array, where: dict, bound: Optional[float] = None) -> bool:
-        """``bound``: a known, pinned inexact case compared within it."""
+    def compare(self, got: mx.array, want: mx.array, where: dict, env=None,
+                controls=None) -> bool:
+        """``env``: the envelope (or a callable) two forwards of different widths
+        are judged with (treespec.numerics.judge); without one, bit identity
+        is required. ``controls``: the comparison's own negative controls."""
         self.count += 1
         if got.shape == want.shape and mx.array_equal(got, want).item():
+            self.words[numerics.BIT_EXACT] += 1
             return True
         if got.shape != want.shape:
             diff, flip = float("inf"), True
@@ -97,14 +122,21 @@ class Tally:
             diff = float(mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item())
             flip = _argmax(got) != _argmax(want)
         self.worst = max(self.worst, diff) if diff == diff else float("nan")
-        if bound is not None and diff <= bound:
-            return True
+        verdict = None
+        if env is not None and got.shape == want.shape:
+            verdict = numerics.judge(got, want, env, controls)
+            if verdict.ok:
+                self.words[verdict.word] += 1
+                self.judged.append(verdict)
+                return True
         if self.opts.allow_inexact and diff <= self.opts.tolerance:
             self.inexact += 1
             return True
         self.failures += 1
         if self.first is None:
             self.first = {**where, "max_abs_diff": diff, "argmax_flip": flip}
+            if verdict is not None:
+                self.first["verdict"] = verdict.detail
         return False
 
     def fail(self, where: dict):
@@ -121,17 +153,25 @@ class Tally:
         notes = "".join(f"; {n}" for n in self.notes)
         if self.failures:
             worst = ""
-            if self.first and self.worst > self.first.get("max_abs_diff", self.worst):
+            if self.first and self.worst > self.first.get("max_abs_diff", 0.0):
                 worst = f" (max |diff| overall {self.worst:.3g})"
+            why = f" [{self.first['verdict']}]" if self.first and "verdict" in self.first else ""
             return Check(name, FAIL, f"{self.failures}/{self.count} {what} differ; first: "
-                         f"{_where(self.first)}{worst}{notes}", self.first, self.worst)
+                         f"{_where(self.first)}{worst}{why}{notes}", self.first, self.worst)
         if self.count == 0:
             why = self.refused[0] if self.refused else "nothing to compare"
             return Check(name, SKIP, f"{why}{notes}", None, None)
         if self.inexact:
             return Check(name, INEXACT, f"{self.inexact}/{self.count} {what} within "
                          f"--tolerance {self.opts.tolerance:g} (max |diff| {self.worst:.3g}), "
-                         f"the rest bit-identical{notes}", None, self.worst)
+                         f"the rest bit-identical or within the envelope{notes}", None, self.worst)
+        exact = self.words[numerics.BIT_EXACT]
+        if self.judged:
+            w = numerics.worst(self.judged)
+            n = self.count - exact
+            status = INCONCLUSIVE if w.word == numerics.INCONCLUSIVE else PASS
+            return Check(name, status, f"{exact} {what} bit-identical, {n} {w.word}: {w.detail}"
+                         f"{notes}", None, self.worst, verdict=w.word)
         return Check(name, PASS, f"{self.count} {what} bit-identical{notes}", None, self.worst)
 
 

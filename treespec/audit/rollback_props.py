@@ -1,6 +1,9 @@
 """Audit property of the commit (contract 7): after verify + commit of a
-random root path, later decode steps give the logits of a cache that was
-only ever fed the paths, in every cache mode."""
+random root path, every cache holds exactly the rows (and recurrent states)
+the verify wrote for the path (data movement, bit for bit on every backend:
+treespec.audit.movement), and later decode steps give the logits of a cache
+that was only ever fed the paths (bit for bit where the backend is exact,
+within its envelope elsewhere), in every cache mode."""
 
 import random
 from typing import List
@@ -11,8 +14,10 @@ import numpy as np
 from .. import caches
 from ..errors import RollbackRefused, TreeRefused
 from ..tree import DraftTree
-from .records import KEY_ORDER_BOUND, Check, Tally
-from .states import CacheMode, base_cache, clone, fingerprint, histories, plain, random_tree, wrapped
+from .movement import mismatches, moved, recorded
+from .records import Check, Tally
+from .states import (CacheMode, base_cache, classic, clone, envelope, fingerprint, histories,
+                     plain, random_tree)
 from .subject import Subject, the_adapter, vocab, window
 
 
@@ -24,26 +29,29 @@ def _rollback_paths(tree: DraftTree, d: int, rng) -> List[int]:
 
 
 def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
-    """Two rounds of verify + commit of a random root path; then single- and
-    multi-token decode steps give the same logits as a cache that was only
-    ever fed the paths (contract 7)."""
+    """Two rounds of verify + commit of a random root path, each leaving
+    exactly the rows the verify wrote; then single- and multi-token decode
+    steps give the logits of a cache that was only ever fed the paths
+    (contract 7)."""
     adapter, model = the_adapter(s), s.model
     rng = random.Random(f"{s.options.seed}:rollback:{mode.name}")
     v, w = vocab(s), window(model)
     tally = Tally(s.options)
     linear_only = None
     verify_differs = None
+    moves = 0
     for hist in histories(s)[1:]:
         base = base_cache(s, hist, mode)
         for d in range(s.options.draws):
             ours, ref = clone(base), clone(base)
-            exact, committed = True, []
+            committed, widths = [], {1}
             for r in range(2):
-                offset, was_wrapped = caches.offset(ours), wrapped(ours)
+                offset = caches.offset(ours)
                 tree = random_tree(rng, v, rng.randrange(5, 10), ("random", "mixed")[r])
-                before = fingerprint(ours)
+                before, pre_cache = fingerprint(ours), clone(ours)
                 try:
-                    logits = adapter.verify(tree, ours)
+                    with recorded(ours) as writes:
+                        logits = adapter.verify(tree, ours)
                 except TreeRefused as e:
                     if fingerprint(ours) != before:
                         tally.fail({"message": "a refused verify changed the cache",
@@ -51,16 +59,16 @@ def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                     linear_only = linear_only or e.reason
                     tree = DraftTree.linear(tree.tokens[: rng.randrange(2, 6)])
                     try:
-                        logits = adapter.verify(tree, ours)
+                        with recorded(ours) as writes:
+                            logits = adapter.verify(tree, ours)
                     except TreeRefused as e:
                         tally.refused.append(f"the adapter refuses chains here too: {e.reason}")
                         break
                 mx.eval(logits)
+                last = getattr(adapter, "_last", None)
+                captures = getattr(last, "captures", None)
                 path = _rollback_paths(tree, d + r, rng)
-                if was_wrapped and len(path) == 1 < len(tree):
-                    # The reference feeds the root alone: a one-token step on
-                    # a full window sums its keys in ring order (README, "Verify").
-                    exact = False
+                widths |= {len(tree), len(path)}
                 pre = fingerprint(ours)
                 try:
                     adapter.commit(ours, tree, path, offset)
@@ -70,9 +78,14 @@ def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                                     "history": hist.label(w), "mode": mode.name})
                     tally.refused.append(f"commit refused: {e}")
                     break
-                ref_rows = plain(model, ref, [tree.tokens[j] for j in path])
+                moves += _moved_exactly(tally, ours, pre_cache, writes, path, tree, captures,
+                                        {"history": hist.label(w), "mode": mode.name,
+                                         "committed": committed + [path]})
+                # The reference takes the path as classic decoding would
+                # (one-token steps on a sliding-window ring).
+                ref_rows = classic(model, ref, [tree.tokens[j] for j in path])
                 committed.append(path)
-                if r == 0 and exact and verify_differs is None and not mx.array_equal(
+                if r == 0 and verify_differs is None and not mx.array_equal(
                         logits[mx.array(path)], ref_rows).item():
                     verify_differs = path
             else:
@@ -80,17 +93,31 @@ def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                 chunks = [[rng.randrange(v)] for _ in range(2)] + [[rng.randrange(v) for _ in range(3)],
                                                                     [rng.randrange(v)]]
                 for k, chunk in enumerate(chunks):
+                    widths.add(len(chunk))
+                    env = envelope(s, caches.offset(ours), tuple(widths), mode)
                     a, b = plain(model, ours, chunk), plain(model, ref, chunk)
-                    tally.compare(a, b, {**where, "step": k, "tokens": chunk},
-                                  None if exact else KEY_ORDER_BOUND)
-                if not exact:
-                    tally.note("root-only commits on a wrapped window compared within "
-                               f"{KEY_ORDER_BOUND:g} (README, 'Verify': key order)")
+                    tally.compare(a, b, {**where, "step": k, "tokens": chunk}, env=env)
     if linear_only:
         tally.note(f"linear trees only: the adapter refuses branching trees ({linear_only})")
     if tally.refused:
         tally.note(f"{len(tally.refused)} commits refused ({tally.refused[0]})")
+    if moves:
+        tally.note(f"{moves} commits kept exactly the rows the verify wrote")
     if tally.failures and verify_differs is not None:
         tally.note(f"the verify rows along path {verify_differs} already differed from the "
                    "reference's (see tree-verify)")
     return tally.check(f"rollback[{mode.name}]", "later decode steps")
+
+
+def _moved_exactly(tally, ours, pre, writes, path, tree, captures, where) -> int:
+    """Data movement: the committed caches hold exactly what the verify wrote
+    for ``path`` (bit for bit, every backend). 1 if checked, 0 if the adapter
+    exposes no recurrent captures to check a recurrent layer with."""
+    try:
+        bad = mismatches(ours, moved(pre, writes, path, len(tree), captures, ours))
+    except ValueError:
+        return 0
+    if bad:
+        tally.fail({**where, "message": f"the commit left other rows than the verify wrote "
+                    f"({', '.join(bad[:3])})"})
+    return 1

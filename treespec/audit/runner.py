@@ -14,8 +14,8 @@ from ..errors import TreeRefused
 from ..gate import configuration
 from .attribution import attributed, mlx_lm_failure
 from .e2e_props import check_e2e, drafter_note
-from .probe_props import check_probe
-from .records import FAIL, INEXACT, PASS, SKIP, Check, Options, Report
+from .probe_props import check_envelope, check_probe
+from .records import FAIL, INCONCLUSIVE, SKIP, Check, Options, Report
 from .rollback_props import check_rollback
 from .states import cache_modes
 from .subject import cache_summary
@@ -31,6 +31,7 @@ PROPERTIES = (
     "walk-linear",
     "walk-siblings",
     "e2e",
+    "envelope",
     "probe",
 )
 
@@ -76,9 +77,10 @@ CHECKS = {
     "walk-linear": check_walk_linear,
     "walk-siblings": check_walk_siblings,
     "e2e": check_e2e,
+    "envelope": check_envelope,
     "probe": check_probe,
 }
-NEEDS_ADAPTER = {"linear-verify", "tree-verify", "rollback", "e2e", "probe"}
+NEEDS_ADAPTER = {"linear-verify", "tree-verify", "rollback", "e2e", "envelope", "probe"}
 
 
 def check(prop: str, s: Subject) -> List[Check]:
@@ -131,8 +133,7 @@ def run(s: Subject, properties: Sequence[str] = PROPERTIES) -> Report:
     checks = []
     for prop in properties:
         checks += check(prop, s)
-    return Report(header(s), checks, s._memo.get("probe"), time.perf_counter() - t0,
-                  s._memo.get("probe_before_wrap"))
+    return Report(header(s), checks, s._memo.get("probe"), time.perf_counter() - t0)
 
 
 def audit(model_path, draft_path=None, adapter: Optional[str] = None,
@@ -155,16 +156,23 @@ def format_report(report: Report) -> str:
         "",
     ]
     width = max([len("property")] + [len(c.name) for c in report.checks])
-    lines.append(f"{'property':<{width}}  {'result':<7}  detail")
-    lines.append(f"{'-' * width}  {'-' * 7}  {'-' * 6}")
+    vw = max([len("verdict")] + [len(c.verdict) for c in report.checks])
+    lines.append(f"{'property':<{width}}  {'verdict':<{vw}}  detail")
+    lines.append(f"{'-' * width}  {'-' * vw}  {'-' * 6}")
     for c in report.checks:
-        lines.append(f"{c.name:<{width}}  {c.status:<7}  {c.detail}")
+        lines.append(f"{c.name:<{width}}  {c.verdict:<{vw}}  {c.detail}")
     if report.probe is not None:
         lines += ["", report.probe.table()]
-    if report.probe_before_wrap is not None:
-        lines += ["", "before the window wraps:", report.probe_before_wrap.table()]
-    counts = {st: sum(c.status == st for c in report.checks) for st in (PASS, INEXACT, SKIP, FAIL)}
-    summary = ", ".join(f"{n} {st}" for st, n in counts.items() if n)
-    verdict = "PASSED" if report.ok else f"FAILED ({', '.join(report.failed())})"
+    words = []
+    for c in report.checks:
+        if c.verdict not in words:
+            words.append(c.verdict)
+    summary = ", ".join(f"{sum(c.verdict == w for c in report.checks)} {w}" for w in words)
+    if not report.ok:
+        verdict = f"FAILED ({', '.join(report.failed())})"
+    elif report.verdict == INCONCLUSIVE:
+        verdict = "INCONCLUSIVE (" + ", ".join(c.name for c in report.checks if c.status == INCONCLUSIVE) + ")"
+    else:
+        verdict = "PASSED"
     lines += ["", f"{verdict}: {summary} in {report.seconds:.1f} s"]
     return "\n".join(lines)

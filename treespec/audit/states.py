@@ -12,8 +12,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
+from .. import numerics
+from ..caches import leaves
 from ..tree import DraftTree
-from .subject import Subject, vocab, window
+from .subject import Subject, the_adapter, vocab, window
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,14 @@ def histories(s: Subject) -> List[History]:
             both,
         ]
     return s._memo["histories"]
+
+
+def envelope(s: Subject, context: int, widths, mode: CacheMode = CacheMode()):
+    """The audited model's envelope (treespec.numerics) at ``context`` over
+    ``widths`` in ``mode``, its tree path through the adapter under audit: a
+    callable, measured when a comparison first needs it."""
+    return lambda: numerics.envelope(s.model, context, widths, mode.kv_bits, mode.kv_group,
+                                     adapter=the_adapter(s), adapter_name=s.adapter_source)
 
 
 def base_cache(s: Subject, hist: History, mode: CacheMode) -> list:
@@ -153,6 +163,19 @@ def keys_rotated(cache) -> bool:
         isinstance(c, RotatingKVCache) and c.offset > c.keys.shape[2] and c._idx != c.keys.shape[2]
         for c in cache
     )
+
+
+def classic(model, cache, tokens) -> mx.array:
+    """Logits [T, vocab] of the reference forward over a root path: where a
+    cache is a sliding-window ring (RotatingKVCache), one-token steps, as
+    classic decoding computes them (a multi-token forward would put a wrapped
+    ring in time order first, which neither classic decoding nor a tree
+    verify does: README, "Verify"); elsewhere one plain forward."""
+    if not any(isinstance(c, RotatingKVCache) for _, c in leaves(cache)):
+        return plain(model, cache, tokens)
+    out = mx.concatenate([model(mx.array([[t]]), cache=cache)[0] for t in tokens])
+    mx.eval(out)
+    return out
 
 
 def wrapped(cache) -> bool:

@@ -1,18 +1,21 @@
 """Audit properties of the adapter and its verify: the adapter exists and
 only reads in ``check``; a linear tree's rows equal one plain forward
 (contract 6 on chains); every node of a branching tree equals a plain
-forward over its root path, in every cache mode (contract 6)."""
+forward over its root path, in every cache mode (contract 6). On a
+sliding-window ring the reference is classic decoding's one-token steps
+(``states.classic``): the verify lays the ring out as they see it."""
 
 import random
 from typing import List
 
 import mlx.core as mx
 
+from .. import numerics
 from ..errors import TreeRefused
 from ..tree import DraftTree
 from .records import FAIL, PASS, Check, Tally
-from .states import (CacheMode, base_cache, branching_trees, clone, fingerprint, histories,
-                     keys_rotated, plain, random_tree)
+from .states import (CacheMode, base_cache, branching_trees, classic, clone, envelope,
+                     fingerprint, histories, random_tree)
 from .subject import Subject, the_adapter, the_walk, vocab, window
 
 
@@ -46,7 +49,9 @@ def check_adapter(s: Subject) -> List[Check]:
 
 def check_linear_verify(s: Subject) -> List[Check]:
     """A linear tree's verify rows equal one plain forward over the chain
-    (what mlx-lm's speculative decoding runs), from the same cache state."""
+    (what mlx-lm's speculative decoding runs; on a sliding-window ring the
+    chain's one-token steps, as classic decoding and the ring layout see
+    it), from the same cache state."""
     adapter, model = the_adapter(s), s.model
     rng = random.Random(f"{s.options.seed}:linear")
     v, w = vocab(s), window(model)
@@ -59,14 +64,16 @@ def check_linear_verify(s: Subject) -> List[Check]:
             logits = _verify_copy(tally, adapter, tree, base, hist, w, f"chain of {n}", "refused")
             if logits is None:
                 continue
-            ref = plain(model, clone(base), tree.tokens)
+            ref = classic(model, clone(base), tree.tokens)
             where = {"history": hist.label(w), "chain": n, "tree": list(tree.parents)}
             if logits.shape != ref.shape:
                 tally.fail({**where, "message": f"verify returned {tuple(logits.shape)}, "
                             f"expected {tuple(ref.shape)}"})
                 continue
+            env = envelope(s, hist.offset, (n,))
             for i in range(n):
-                tally.compare(logits[i], ref[i], {**where, "node": i, "path": list(range(i + 1))})
+                tally.compare(logits[i], ref[i], {**where, "node": i, "path": list(range(i + 1))},
+                              env=env)
     if tally.refused:
         tally.note(f"{len(tally.refused)} chains refused ({tally.refused[0]})")
     return [tally.check("linear-verify", f"rows of chains {lengths} at {len(histories(s))} offsets")]
@@ -87,6 +94,18 @@ def _verify_copy(tally, adapter, tree, base, hist, w, what, refused):
             tally.fail({"message": f"a refused verify of a {what} changed the cache",
                         "history": hist.label(w)})
         return None
+
+
+def _controls(model, base, tree, refs):
+    """The tree's negative controls, run once and only if a comparison needs them."""
+    memo = []
+
+    def run():
+        if not memo:
+            memo.append(numerics.controls(model, base, tree, refs))
+        return memo[0]
+
+    return run
 
 
 def check_tree_verify(s: Subject, mode: CacheMode = CacheMode()) -> Check:
@@ -110,19 +129,16 @@ def check_tree_verify(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                 tally.fail({**where, "message": f"verify returned {logits.shape[0]} rows "
                             f"for {len(tree)} nodes"})
                 continue
+            refs = []
             for i in range(len(tree)):
                 path = tree.path_to(i)
-                ref_cache = clone(base)
-                ref = plain(model, ref_cache, [tree.tokens[j] for j in path])[-1]
-                bound_ref = None
-                if len(path) == 1 and not mx.array_equal(ref, logits[0]).item() and keys_rotated(ref_cache):
-                    # The root alone is a one-token step over ring-ordered keys;
-                    # the verify's root row must equal a time-ordered forward's.
-                    bound_ref = plain(model, clone(base), [tree.tokens[0]] * 2)[0]
-                    tally.note("root rows on a wrapped window compared with a time-ordered "
-                               "forward (README, 'Verify': key order)")
-                tally.compare(logits[i], ref if bound_ref is None else bound_ref,
-                              {**where, "node": i, "path": path})
+                refs.append(classic(model, clone(base), [tree.tokens[j] for j in path])[-1])
+            refs = mx.stack(refs)
+            env = envelope(s, hist.offset, numerics.widths_of(tree, 2), mode)
+            controls = _controls(model, base, tree, refs)
+            for i in range(len(tree)):
+                tally.compare(logits[i], refs[i], {**where, "node": i, "path": tree.path_to(i)},
+                              env=env, controls=controls)
     if tally.refused and tally.count:
         tally.note(f"{len(tally.refused)} trees refused ({tally.refused[0]})")
     name = f"tree-verify[{mode.name}]"

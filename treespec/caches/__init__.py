@@ -7,6 +7,7 @@ module asks ``isinstance`` of a cache:
     attention / recurrent     what kind of layer the cache belongs to
     offset(c)                 tokens it has seen (None for a recurrent state)
     verify_refusal(c)         why a tree verify cannot write into it now, or None
+    verify_plan(c, tree)      how a verify writes into it when not by the model's own update
     key_positions(c)          (offset, history, default window) a tree mask counts with
     activation_dtype(c)       the dtype an additive tree mask for its attention must have
     grows_in_parts            a drafter may feed a tree in parts and compact in place
@@ -53,7 +54,7 @@ from .recurrent import Arrays
 
 __all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts", "hold",
            "holds_recurrent", "leaves", "mode_of", "offset", "offset_of", "plan_commit",
-           "put_back", "refuse", "rotating_kept", "rotating_present", "written"]
+           "put_back", "refuse", "rotating_kept", "rotating_present", "windows", "written"]
 
 
 class Listed(Mode):
@@ -146,6 +147,11 @@ def offset(cache: Sequence) -> Optional[int]:
 def holds_recurrent(c) -> bool:
     """Whether ``c`` is, or (a CacheList) contains, a recurrent state."""
     return mode_of(c).holds_recurrent(c)
+
+
+def windows(cache: Sequence) -> list:
+    """The sliding windows of a model's caches (one per cache that has one)."""
+    return [w for w in (mode_of(c).window(c) for c in cache) if w is not None]
 
 
 def attention_caches(cache: Sequence) -> list:

@@ -2,8 +2,11 @@
 ChunkedKVCache, ConcatenateKVCache and RotatingKVCache."""
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import RotatingKVCache
 
+from ..errors import TreeRefused
+from ..ring import Ring, committed, layout, ring_of
 from ..rows import move_keys_values
 from .base import Mode, _batch_refusal, _check_tail, _nothing, refuse
 
@@ -175,23 +178,27 @@ class Rotating(Mode):
         if present > c.offset:
             return (f"RotatingKVCache holds {present} time-ordered keys but offset is "
                     f"{c.offset}: an inconsistent state")
-        if c.keep and (present != c.offset or present > c.max_size - 1):
-            # The kept keys are positions 0..keep-1 plus a recent run. Any
-            # multi-token forward's mask (mlx-lm's create_causal_mask, and
-            # ours) counts them as contiguous history, so later queries lose
-            # the kept tokens while a one-token step attends to them: no
-            # verify of this state can match classic decoding (README,
-            # "Verify").
-            return (f"RotatingKVCache(max_size={c.max_size}, keep={c.keep}) at offset "
-                    f"{c.offset} has dropped keys between its {c.keep} kept ones and the "
-                    "recent ones: a multi-token forward would not attend as one-token "
-                    "decoding does (only keep=0 verifies once wrapped)")
+        # Kept slots (keep > 0) are fine: the verify lays the ring out as a
+        # one-token step sees it, kept slots included (treespec.ring).
         return _batch_refusal(c)
+
+    def window(self, c):
+        return c.max_size
 
     def key_positions(self, c):
         # Once wrapped it keeps fewer keys than its offset, and always means
         # a window of at most max_size.
         return c.offset, rotating_kept(c), c.max_size
+
+    def ring(self, c) -> Ring:
+        """The ring the next one-token step of ``c`` sees (treespec.ring)."""
+        stored = 0 if c.keys is None else c.keys.shape[2]
+        return ring_of(c.max_size, c.keep, c.offset, stored, c._idx)
+
+    def verify_plan(self, c, tree):
+        """A verify of 2+ nodes lays the ring out as classic one-token steps
+        see it (treespec.ring): :class:`RingVerify`."""
+        return RingVerify(c, self.ring(c), tree)
 
     def save(self, c):
         # A one-token step writes into the ring in place: copy the ring.
@@ -209,22 +216,32 @@ class Rotating(Mode):
 
     def plan_commit(self, c, where, tail, entry, recurrent):
         """A 1-node tree took ``_update_in_place``: the path is that node,
-        nothing to do. A tree of n >= 2 took ``_update_concat``, which puts
-        the kept history in temporal order, trims it to ``max_size - 1`` rows
-        and appends the n nodes: ``_idx == keys.shape[2] == m + n`` with
-        ``m = min(offset, max_size - 1)``. A k >= 2 path fed alone would
-        leave the same m rows, then the path: keep ``m + k`` rows. A 1-node
-        path fed alone takes ``_update_in_place`` on the pre-verify ring,
-        which ``_update_concat`` left untouched: redo that write on it.
+        nothing to do. A tree of n >= 2 verified by treespec laid the ring out
+        as classic one-token steps see it (:class:`RingVerify`: the cache then
+        holds ``filled + n`` rows in that layout and ``_idx`` the slot the
+        next step writes): the commit keeps, slot by slot, what ``k`` classic
+        steps along the path would have left (treespec.ring.committed).
+
+        A tree of n >= 2 fed through mlx-lm's own multi-token update
+        (``_update_concat``: the kept history in temporal order, trimmed to
+        ``max_size - 1`` rows, then the n nodes; ``_idx == keys.shape[2] ==
+        m + n`` with ``m = min(offset, max_size - 1)``) commits as one update
+        of the path would: ``m + k`` rows, or for a root-only path the
+        pre-verify ring (from the snapshot) with the root written in place.
 
         Tree rows written by several updates (a drafter growing its tree)
         are trimmed or rotated differently; that layout is refused."""
         _check_tail(c, where, tail)
         if tail.n == 1:
             return _nothing
+        stored = c.keys.shape[2]
+        filled = min(tail.offset, c.max_size)
+        if c._idx < c.max_size and stored == filled + tail.n and c._idx != stored:
+            return self._plan_ring(c, tail, filled)
         m = min(tail.offset, c.max_size - 1)
-        if not c._idx == c.keys.shape[2] == m + tail.n:
-            refuse(c, where, f"_idx {c._idx} with {c.keys.shape[2]} rows is not the layout one "
+        if not c._idx == stored == m + tail.n:
+            refuse(c, where, f"_idx {c._idx} with {stored} rows is neither the ring layout of a "
+                   f"verify ({filled} ring rows, then the {tail.n} nodes) nor the one a "
                    f"{tail.n}-token update leaves ({m} history rows, then the nodes): the tree "
                    "rows were not written by a single update")
         if tail.k >= 2:
@@ -260,3 +277,78 @@ class Rotating(Mode):
             return root, write
 
         return prepare
+
+    @staticmethod
+    def _plan_ring(c, tail, filled):
+        ring = Ring(c.max_size, c.keep, tail.offset, np.arange(filled, dtype=np.int64), c._idx)
+        lay = layout(ring, tail.depths, tail.parents)
+        rows, idx = committed(lay, tail.path)
+        end = tail.offset + tail.k
+
+        def prepare():
+            order = mx.array(rows.astype(np.int32))
+            reads = [mx.take(c.keys, order, axis=2), mx.take(c.values, order, axis=2)]
+
+            def write():
+                c.keys, c.values = reads
+                c.offset, c._idx = end, idx
+                return [c.keys, c.values]
+
+            return reads, write
+
+        return prepare
+
+
+class RingVerify:
+    """One verify of a tree on a RotatingKVCache, laid out as classic
+    one-token decoding sees the ring (treespec.ring): for the forward's
+    duration the cache answers ``make_mask`` with :meth:`mask` and
+    ``update_and_fetch`` with :meth:`update_and_fetch`, which stores the
+    ring and the nodes in that layout (``filled + n`` rows, ``_idx`` the
+    slot the next classic step writes) for the commit."""
+
+    def __init__(self, c, ring: Ring, tree):
+        self.cache, self.ring = c, ring
+        self.depths, self.parents = tree.depths(), list(tree.parents)
+        self._layouts = {}
+        self.updates = 0
+
+    def layout(self, window=None):
+        if window is not None and window >= self.ring.size:
+            window = None  # a one-token step then sees the whole ring
+        if window is not None and self.ring.keep:
+            # mlx-lm's one-token mask for a window narrower than the ring
+            # rolls over every slot, kept ones too: no layout reproduces it
+            # for certain. Asked for before the forward writes anything.
+            raise TreeRefused(None, f"RotatingKVCache(max_size={self.ring.size}, "
+                              f"keep={self.ring.keep}) with a narrower window {window}: the "
+                              "one-token mask of such a ring is not reproduced")
+        if window not in self._layouts:
+            self._layouts[window] = layout(self.ring, self.depths, self.parents, window)
+        return self._layouts[window]
+
+    def key(self) -> tuple:
+        """What the layout depends on: caches of equal keys share one mask."""
+        r = self.ring
+        return (r.size, r.keep, r.offset, r.filled, r.idx, tuple(r.rows))
+
+    def mask(self, window=None) -> mx.array:
+        return mx.array(self.layout(window).mask)
+
+    def update_and_fetch(self, keys, values):
+        c, ring, n = self.cache, self.ring, keys.shape[2]
+        if n != len(self.depths):
+            raise RuntimeError(f"the ring layout is for {len(self.depths)} nodes, the forward "
+                               f"feeds {n}")
+        self.updates += 1
+        order = mx.array(self.layout().order.astype(np.int32))
+        if ring.filled:
+            rows = ring.rows
+            take = (lambda a: a[..., : ring.filled, :]) if np.array_equal(rows, np.arange(len(rows))) \
+                else (lambda a: mx.take(a, mx.array(rows.astype(np.int32)), axis=2))
+            keys = mx.concatenate([take(c.keys), keys], axis=2)
+            values = mx.concatenate([take(c.values), values], axis=2)
+        c.keys, c.values = mx.take(keys, order, axis=2), mx.take(values, order, axis=2)
+        c.offset += n
+        c._idx = ring.idx
+        return c.keys, c.values

@@ -62,6 +62,17 @@ class Mode:
     def verify_refusal(self, c) -> Optional[str]:
         return f"{type(c).__name__} is not a cache whose mask a tree verify can replace"
 
+    def window(self, c) -> Optional[int]:
+        """The sliding window a cache keeps (None: it keeps everything)."""
+        return None
+
+    def verify_plan(self, c, tree):
+        """How a verify of 2+ nodes writes into this cache, when it does not
+        take the model's own update: an object with ``mask(window)`` and
+        ``update_and_fetch(keys, values)`` installed on the instance for the
+        forward (a RotatingKVCache's ring layout), or None."""
+        return None
+
     def key_positions(self, c):
         """(offset, history, default window) of the keys a tree verify's
         attention sees in front of the nodes."""

@@ -192,7 +192,7 @@ class TreeAdapter:
 
     @taking_turns
     def verify(self, tree: DraftTree, cache: Sequence, start: int = 0,
-               tokens: Optional[mx.array] = None) -> mx.array:
+               tokens: Optional[mx.array] = None, inject: Optional[bool] = None) -> mx.array:
         """Logits [n, vocab], row i for node i, from one forward over the tree.
 
         The caches end holding all n nodes (in flattened order); commit the
@@ -205,6 +205,10 @@ class TreeAdapter:
         and ``tree`` gives only the topology. Their values are not read
         (that would wait for the device): they must be ids of this model's
         vocabulary, as a drafter's top-k over logits of its width are.
+        ``inject=True`` sends a chain through the tree path too (mask array,
+        per-node RoPE, tree-aware recurrence) instead of a plain forward:
+        correct by construction, so treespec.numerics measures the tree
+        path's own kernels with it.
 
         Takes its turn (treespec.verify.guard: one verify at a time in the
         process). Refusals come before anything is written; if the forward
@@ -228,10 +232,16 @@ class TreeAdapter:
         # growing a spine feeds it. A one-node tree is a plain decode step,
         # left alone so that a wrapped RotatingKVCache takes the same in-place
         # update (and key order) as classic decoding.
-        inject = len(tree) > 1 and not tree.is_linear()
+        if inject is None:
+            inject = not tree.is_linear()
+        inject = bool(inject) and len(tree) > 1
         # Only an injected forward needs every rope to take per-node
         # positions, so only it walks the modules for them.
         owners = self.check(tree, cache, start, ropes=inject)
+        # Caches a verify of 2+ nodes writes in a layout of its own (a
+        # sliding-window ring laid out as classic one-token steps see it),
+        # chains included.
+        plans = self._plans(cache, tree) if len(tree) > 1 else {}
         offset = caches.offset(caches.attention_caches(cache))
         offset = None if offset is None else offset - start
         snap = rollback.snapshot(cache)  # references only
@@ -245,17 +255,23 @@ class TreeAdapter:
         tokens = tokens[None]
         with ExitStack() as stack:
             stack.enter_context(restored_on_error(cache))  # outermost: exits last
-            if inject:
-                if self.recurrent is not None:
-                    stack.enter_context(self.recurrent.inject(self.model, cache, tree))
-                probe = stack.enter_context(self.injection(cache, tree, owners, start))
+            if inject and self.recurrent is not None:
+                stack.enter_context(self.recurrent.inject(self.model, cache, tree))
+            if inject or plans:
+                probe = stack.enter_context(
+                    self.injection(cache, tree, owners, start, plans=plans, ropes=inject))
             if has_recurrent:
                 # Innermost, so it records whatever mixer the strategy put in;
                 # commit replays the path's rows through the real one.
                 captures = stack.enter_context(
                     rollback.capture_recurrent_inputs(self.model, self.found.mixers))
-            logits = self.model(tokens, cache=cache)
-            if inject:
+            try:
+                logits = self.model(tokens, cache=cache)
+            except TreeRefused as e:
+                if e.family is not None:
+                    raise
+                raise TreeRefused(self.model_type, e.reason) from None  # a cache's, by name
+            if inject or plans:
                 probe()
         if inject and captures is not None:
             # The tree-aware recurrence kept every node's state: commit copies
@@ -265,13 +281,31 @@ class TreeAdapter:
         self._last = _Verified(cache, offset, tree, snap, captures)
         return logits[0]
 
-    def injection(self, cache: Sequence, tree: DraftTree, owners: list, start: int):
-        """The context manager that gives one forward the tree's mask and
-        per-node positions (treespec.verify.attention.tree_injected); it
-        yields a probe that raises if the forward bypassed either. A
-        subclass may inject something else (the suites plant defects here)."""
+    def _plans(self, cache: Sequence, tree: DraftTree) -> dict:
+        """cache id -> its mode's verify plan (treespec.caches), for the
+        attention caches that have one. A model builds one mask per kind of
+        layer from one cache, so every plan must lay out the same keys."""
+        plans = {}
+        for c in caches.attention_caches(cache):
+            plan = caches.mode_of(c).verify_plan(c, tree)
+            if plan is not None:
+                plans[id(c)] = plan
+        keys = {p.key() for p in plans.values()}
+        if len(keys) > 1:
+            self._refuse(f"its sliding-window caches are in {len(keys)} different ring states "
+                         "(size, kept slots, offset or write slot differ); one mask cannot "
+                         "serve them all")
+        return plans
+
+    def injection(self, cache: Sequence, tree: DraftTree, owners: list, start: int,
+                  plans: Optional[dict] = None, ropes: bool = True):
+        """The context manager that gives one forward the tree's masks (the
+        ring layout's where a cache has a plan) and, with ``ropes``, per-node
+        positions (treespec.verify.attention.tree_injected); it yields a
+        probe that raises if the forward bypassed them. A subclass may inject
+        something else (the suites plant defects here)."""
         return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
-                             self._positions)
+                             self._positions, plans=plans, ropes=ropes)
 
     @taking_turns
     def commit(

@@ -252,21 +252,44 @@ MaskFn = Callable[[object, int, Optional[int]], mx.array]
 _MISSING = object()
 
 
+def _observed(cache, update):
+    """``update`` (a plan's ``update_and_fetch``), still reporting what it is
+    fed to an observer already on the cache instance: an ``update_and_fetch``
+    with an ``observe`` attribute (treespec.audit.movement.recorded), which
+    a plan replaces for the forward but must not blind."""
+    observe = getattr(cache.__dict__.get("update_and_fetch"), "observe", None)
+    if observe is None:
+        return update
+
+    def update_and_fetch(keys, values):
+        observe(keys, values)
+        return update(keys, values)
+
+    return update_and_fetch
+
+
 @contextmanager
 def injected(
     model: nn.Module,
     caches: Sequence,
-    depths: mx.array,
+    depths: Optional[mx.array],
     mask_fn: MaskFn,
     rope_attr: str = "rope",
     owners: Optional[list] = None,
     positions: Optional[list] = None,
+    plans: Optional[dict] = None,
 ):
     """For the duration of the block: every attention cache in ``caches``
     answers ``make_mask(N, ...)`` with ``mask_fn(cache, N, window_size)``,
     every ``rope`` in ``model`` rotates token t by ``offset + depths[t]``, and
     every module receiving per-position values (treespec.verify.positions)
-    gets them re-indexed by ``depths``.
+    gets them re-indexed by ``depths``. ``plans`` (cache id -> its mode's
+    verify plan, a ring layout) also replace those caches'
+    ``update_and_fetch`` with the plan's.
+
+    ``depths=None`` injects no positions (a chain: its positions are the
+    model's own) and replaces only the masks of the caches with a plan, so
+    every other layer runs exactly as mlx-lm's plain forward.
 
     ``depths`` and ``mask_fn`` are explicit (not a tree) so a test can inject
     deliberately wrong positions or masks and watch the exactness suite fail.
@@ -279,12 +302,10 @@ def injected(
     either elsewhere would be silently wrong). Not every rope must run:
     cohere2's global layers hold a rope they never call.
     """
-    if not (isinstance(depths, mx.array) and depths.dtype == mx.int32):
-        depths = mx.array(depths, dtype=mx.int32)
-    rope_positions = {}  # offset -> node positions, shared by this forward's ropes
-    attention = attention_caches(caches)
-    saved_masks = []
-    saved_ropes = []
+    plans = plans or {}
+    ropes = depths is not None
+    attention = [c for c in attention_caches(caches) if ropes or id(c) in plans]
+    saved = []  # (object, attribute, previous value or _MISSING)
     wrappers = []
     stand_ins = []
     mask_calls = [0]
@@ -296,23 +317,32 @@ def injected(
 
         return make_mask
 
+    def instance(obj, attr, value):
+        saved.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
+        setattr(obj, attr, value)
+
     try:
         for c in attention:
-            saved_masks.append((c, c.__dict__.get("make_mask", _MISSING)))
-            c.make_mask = make_override(c)
-        if owners is None:
-            owners = rope_owners(model, rope_attr)
-        for _, owner in owners:
-            wrapper = TreeRoPE(owner[rope_attr], depths, rope_positions)
-            saved_ropes.append((owner, owner[rope_attr]))
-            setattr(owner, rope_attr, wrapper)
-            wrappers.append(wrapper)
-        if positions is None:
-            positions = position_inputs(model)
-        for path, container, key, module, argument, axis in positions:
-            stand_in = ByDepth(module, depths, argument, axis)
-            set_slot(container, key, stand_in)
-            stand_ins.append((container, key, module, stand_in))
+            instance(c, "make_mask", make_override(c))
+            if id(c) in plans:
+                instance(c, "update_and_fetch", _observed(c, plans[id(c)].update_and_fetch))
+        if ropes:
+            if not (isinstance(depths, mx.array) and depths.dtype == mx.int32):
+                depths = mx.array(depths, dtype=mx.int32)
+            rope_positions = {}  # offset -> node positions, shared by this forward's ropes
+            if owners is None:
+                owners = rope_owners(model, rope_attr)
+            for _, owner in owners:
+                wrapper = TreeRoPE(owner[rope_attr], depths, rope_positions)
+                saved.append((owner, rope_attr, owner[rope_attr]))
+                setattr(owner, rope_attr, wrapper)
+                wrappers.append(wrapper)
+            if positions is None:
+                positions = position_inputs(model)
+            for path, container, key, module, argument, axis in positions:
+                stand_in = ByDepth(module, depths, argument, axis)
+                set_slot(container, key, stand_in)
+                stand_ins.append((container, key, module, stand_in))
 
         def probe():
             rope_calls = sum(w._calls for w in wrappers)
@@ -330,13 +360,11 @@ def injected(
     finally:
         for container, key, module, _ in reversed(stand_ins):
             set_slot(container, key, module)
-        for owner, rope in reversed(saved_ropes):
-            setattr(owner, rope_attr, rope)
-        for c, prev in reversed(saved_masks):
+        for obj, attr, prev in reversed(saved):
             if prev is _MISSING:
-                c.__dict__.pop("make_mask", None)
+                obj.__dict__.pop(attr, None)
             else:
-                c.make_mask = prev
+                setattr(obj, attr, prev)
 
 
 def tree_injected(
@@ -347,27 +375,33 @@ def tree_injected(
     owners=None,
     start: int = 0,
     positions=None,
+    plans: Optional[dict] = None,
+    ropes: bool = True,
+    depths=None,
+    mask_fn: Optional[MaskFn] = None,
 ):
     """:func:`injected` with the tree's depths and masks, for a forward over
     the nodes ``start..n-1`` (the cache already holding nodes 0..start-1).
     The model hands its rope ``cache.offset``, which then counts the
-    ``start`` cached nodes too: node i sits at that minus start plus depth."""
-    depths = tree.derived(("depths", start), lambda: mx.array(
-        tree.depths()[start:] - start, dtype=mx.int32))
-    return injected(
-        model,
-        caches,
-        depths,
-        lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start),
-        rope_attr,
-        owners,
-        positions,
-    )
+    ``start`` cached nodes too: node i sits at that minus start plus depth.
+    A cache with a plan (a ring) takes the plan's mask; ``ropes=False`` (a
+    chain) injects no positions. ``depths`` / ``mask_fn`` replace the tree's
+    positions (node i's, counted from ``start``) or masks: the seams the
+    suites plant defects in."""
+    plans = plans or {}
+    if depths is None:
+        depths = tree.derived(("depths", start), lambda: mx.array(
+            tree.depths()[start:] - start, dtype=mx.int32))
+    if mask_fn is None:
+        mask_fn = lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start, plans)
+    return injected(model, caches, depths if ropes else None, mask_fn, rope_attr, owners,
+                    positions, plans)
 
 
-def _checked_tree_mask(cache, tree, N, window, start):
+def _checked_tree_mask(cache, tree, N, window, start, plans):
     if N != len(tree) - start:
         raise RuntimeError(
             f"make_mask asked for {N} queries, the tree feeds {len(tree) - start}"
         )
-    return tree_mask(cache, tree, window, start)
+    plan = plans.get(id(cache))
+    return plan.mask(window) if plan is not None else tree_mask(cache, tree, window, start)

@@ -361,8 +361,11 @@ class TreeRecurrence:
 
     name = "tree recurrence"
 
-    def __init__(self, limit: Optional[int] = None):
-        self.limit = limit
+    def __init__(self, limit: Optional[int] = None, chains: bool = False):
+        # chains=True: a chain too goes through the per-depth recurrence (one
+        # mixer call per node: slow; correct by construction, so
+        # treespec.numerics measures this recurrence's own kernels with it).
+        self.limit, self.chains = limit, chains
         self._found: Optional[Tuple[int, Discovery]] = None
         self._last = None  # the stand-ins of the last branching verify
 
@@ -382,7 +385,7 @@ class TreeRecurrence:
     @contextmanager
     def inject(self, model, caches, tree):
         self._last = None
-        if tree.is_linear():
+        if tree.is_linear() and not self.chains:
             # A chain through the recurrence is the sequence itself: a plain
             # forward through the mixer's own multi-token path (mlx-lm's own
             # chain verify), much faster than one call per depth. Commit then

@@ -1,0 +1,76 @@
+"""The verdict table (suites/verdict.py): per contract x family x dtype, at
+the end of every run, under pytest-xdist too (records travel from the
+workers with the reports), and as JSON with --verdict-json."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PLANTED = '''
+import pytest
+from suites.verdict import expect, record
+from treespec import numerics
+
+pytestmark = pytest.mark.exactness
+E = numerics.Envelope("planted", (1, 2), (0,), 1e-6, 1e-6, 0.0, {"control": 1.0})
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_within(i):
+    expect(numerics.Verdict(numerics.WITHIN, 2e-6 * (i + 1), 1e-6, 4e-6, 1.0, "fine"), "c1", "fam", "f32")
+
+
+def test_fail():
+    expect(numerics.Verdict(numerics.FAIL, 0.5, 1e-6, 4e-6, detail="planted failure"), "c1", "fam", "bf16")
+
+
+def test_inconclusive():
+    expect(numerics.Verdict(numerics.INCONCLUSIVE, 1e-3, 1e-3, 4e-3, 1e-2, "controls 0.01"), "c2", "fam", "f32")
+
+
+def test_assertion_after_an_exact_record():
+    record(numerics.Verdict(numerics.BIT_EXACT), "c3", "fam", "f32")
+    assert False, "a plain assertion later in the test"
+
+
+def test_nothing_recorded():
+    pass
+'''
+
+
+def run(tmp_path, *args):
+    (tmp_path / "test_planted.py").write_text(PLANTED)
+    out = tmp_path / "verdict.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "suites.verdict",
+           "--rootdir", str(tmp_path), "-rs", "-W", "ignore::pytest.PytestUnknownMarkWarning",
+           str(tmp_path / "test_planted.py"), "--verdict-json", str(out), *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return proc, json.loads(out.read_text())
+
+
+def test_every_test_s_verdict_reaches_the_table_and_the_json_from_xdist_workers(tmp_path):
+    proc, data = run(tmp_path, "-n", "2")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "treespec verdict (per contract x family x dtype)" in proc.stdout
+    rows = {(r["contract"], r["family"], r["dtype"]): r for r in data["rows"]}
+    within = rows[("c1", "fam", "f32")]
+    assert within["verdict"] == "within envelope" and within["tests"] == 4
+    assert within["max_diff"] == pytest.approx(8e-6)
+    assert rows[("c1", "fam", "bf16")]["verdict"] == "FAIL"
+    assert rows[("c2", "fam", "f32")]["verdict"] == "inconclusive"
+    assert "controls 0.01" in rows[("c2", "fam", "f32")]["detail"]
+    # a test that recorded bit-exact and then failed is a FAIL of that contract
+    assert rows[("c3", "fam", "f32")]["verdict"] == "FAIL"
+    assert "a plain assertion" in rows[("c3", "fam", "f32")]["detail"]
+    # an exactness test that records nothing counts by its outcome
+    assert any(r["tests"] == 1 and r["verdict"] == "bit-exact" for k, r in rows.items() if k[1] == "-")
+    assert "1 skipped" in proc.stdout and "2 failed" in proc.stdout
+    assert "inconclusive, c2 [fam f32]" in proc.stdout  # the skip carries the figures

@@ -1,0 +1,403 @@
+"""The backend's numerics envelope, measured in the same run (the suites and
+``treespec audit`` alike); treespec.verdicts holds the words and the rule it
+is judged with (re-exported here: ``numerics.judge``, ``numerics.Verdict``).
+
+One forward over M tokens gives logits bit-identical to M single-token steps
+on MLX's CPU reference BLAS only; under OpenBLAS (float32) and on CUDA the
+kernels sum in an order that depends on M (README, "The exactness gate").
+There a tree node and a plain forward over its root path, two forwards of
+different widths, cannot be compared bit for bit; this module measures how
+far apart forwards of different widths are on this backend.
+
+**The envelope** E of (model, cache mode, context bucket, widths): over
+``SAMPLES`` random contexts spread over the bucket (more where the rounding
+is heavy-tailed), the largest |logit difference| from M single-token steps
+(what classic decoding computes) of
+
+- a plain mlx-lm forward over the same M tokens (mlx-lm's own kernels), and
+- the same M tokens as a linear tree verified through the tree path (array
+  mask, per-node RoPE positions, the tree-aware recurrence), which is
+  correct by construction: this covers the tree path's own kernels;
+- on a KV-quantized cache of an inexact backend, also one quantization
+  level's effect (:meth:`Measurement.kv_level`).
+
+The tree path is admitted into E only as far as it agrees with the plain
+forward of the same tokens within the plain envelope's bound: an attention
+that drops an array mask, or a RoPE whose per-row offsets are off, would
+otherwise widen the very bound meant to catch it (``Envelope.tree_ok``; the
+"tree path kernels" contract FAILs instead). Caches are measured
+time-ordered (a sliding window as a KVCache, the window in its mask), so E
+is the backend's rounding only: the order in which a wrapped ring hands its
+keys to a one-token step is a cache layout, which a tree verify reproduces
+by construction (treespec.ring) and suites/ring pins bit for bit. Measured
+on the ring itself, E would take in the ring-order difference of mlx-lm's
+multi-token forward: exactly what a verify that saw the ring in time order
+would get wrong.
+
+Entry points: :func:`envelope` (memoized per process), :func:`measure` (not
+memoized: for a test that changes kernels for its own duration),
+:func:`controls` (a tree's negative controls), and the rule's ``judge``.
+"""
+
+import copy
+import random
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+
+from .caches import mode_of
+from .errors import TreeRefused
+from .models import vocab_size
+from .tree import DraftTree
+from .verdicts import (BIT_EXACT, DECLINED, FAIL, INCONCLUSIVE, SAFETY, SEPARATION, TRIANGLE,
+                       WITHIN, WORDS, Envelope, Verdict, bucket, declined, judge, tree_path_verdict,
+                       widths_of, worst)
+from .verify import TreeAdapter, adapter_for
+from .verify.attention import injected, tree_mask
+from .verify.recurrence import TreeRecurrence
+
+__all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "INCONCLUSIVE", "SAFETY",
+           "SEPARATION", "TRIANGLE", "Verdict", "WITHIN", "WORDS", "controls", "declined",
+           "envelope", "judge", "measure", "tree_path_verdict", "widths_of", "worst"]
+
+SAMPLES = 4  # contexts measured per bucket, and per extension
+MAX_SAMPLES = 12
+TAIL = 2.0  # a sample this far above the median: the rounding is heavy-tailed, measure more
+
+CONTROLS = ("flattened positions", "causal mask", "leaked sibling")
+SUBSTITUTED = "substituted token"
+
+
+def _time_ordered(model, kv_bits, kv_group, prompt) -> list:
+    """The model's caches with every RotatingKVCache a KVCache (keys in time
+    order; the model passes its window to make_mask, which a KVCache honours
+    for one-token steps too), after ``prompt``; then the model's own KVCache
+    layers KV-quantized (a window's layers stay unquantized, as mlx-lm's
+    ``kv_bits`` leaves them)."""
+    own = make_prompt_cache(model)
+    cache = [KVCache() if type(c) is RotatingKVCache else c for c in own]
+    if prompt:
+        mx.eval(model(mx.array(prompt)[None], cache=cache))
+    if kv_bits:
+        cache = [c.to_quantized(group_size=kv_group, bits=kv_bits) if type(o) is KVCache else c
+                 for c, o in zip(cache, own)]
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def _clone(cache) -> list:
+    # deepcopy of mlx-lm caches copies their arrays (as audit.states.clone).
+    return copy.deepcopy(cache)
+
+
+def _diff(a: mx.array, b: mx.array) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    d = mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).item()
+    return float("nan") if d != d else float(d)
+
+
+class _Sample:
+    """One random context, and single-token steps over one random chain from
+    it, extended as wider widths are asked for."""
+
+    def __init__(self, model, kv, context: int, seed):
+        self.model, self.context, self.rng = model, context, random.Random(repr(seed))
+        v = vocab_size(model)
+        self.base = _time_ordered(model, *kv, [self.rng.randrange(v) for _ in range(context)])
+        self.tokens: List[int] = []
+        self.steps: List[mx.array] = []
+        self._cache = _clone(self.base)
+        self._v = v
+
+    def chain(self, m: int) -> Tuple[List[int], mx.array]:
+        while len(self.steps) < m:
+            t = self.rng.randrange(self._v)
+            self.tokens.append(t)
+            row = self.model(mx.array([[t]]), cache=self._cache)[0, -1]
+            mx.eval(row)
+            self.steps.append(row)
+        return self.tokens[:m], mx.stack(self.steps[:m])
+
+
+class Measurement:
+    """The per-width measurements of one (model, cache mode, context bucket,
+    tree adapter), made lazily: a width is measured the first time asked,
+    on every sample. Samples start at ``SAMPLES`` contexts spread over the
+    bucket; where one sample's difference stands out from the median by more
+    than ``TAIL`` (heavy-tailed rounding: a recurrence amplifying it, a KV
+    quantization level flipping), ``SAMPLES`` more are measured, up to
+    ``MAX_SAMPLES``, so the maximum reaches the tail."""
+
+    def __init__(self, model, adapter=None, context: int = 0, kv_bits=None, kv_group=None,
+                 key: str = "", seed: int = 0):
+        self.model = model
+        self.adapter = adapter if adapter is not None else _adapter_or_none(model)
+        self.kv = (kv_bits, kv_group)
+        self.lo, self.hi = bucket(context)
+        self.key = key or f"context {self.lo}-{self.hi}" + (f", kv {kv_bits}-bit g{kv_group}" if kv_bits else "")
+        self._seed = seed
+        self._rng = random.Random(f"{seed}:{self.key}:contexts")
+        self.samples: List[_Sample] = []
+        self._more(SAMPLES)
+        self.by_width: Dict[int, list] = {}
+        self._levels: Dict[int, float] = {}
+        self._controls: Optional[Dict[str, float]] = None
+        self._chains: Optional[TreeAdapter] = None
+
+    @property
+    def contexts(self) -> Tuple[int, ...]:
+        return tuple(s.context for s in self.samples)
+
+    def _more(self, k: int):
+        for _ in range(k):
+            i = len(self.samples)
+            spread = (self.lo, self.hi, (self.lo + self.hi) // 2)
+            c = spread[i] if i < len(spread) else self._rng.randint(self.lo, self.hi)
+            self.samples.append(_Sample(self.model, self.kv, c, f"{self._seed}:{self.key}:{i}:{c}"))
+
+    def _measure(self, s: "_Sample", m: int, tree_path: bool):
+        toks, steps = s.chain(m)
+        p = self.model(mx.array(toks)[None], cache=_clone(s.base))[0]
+        t = self._tree_path(toks, s.base) if tree_path else None
+        if t is None:
+            return _diff(p, steps), None, None
+        return _diff(p, steps), _diff(t, steps), _diff(t, p)
+
+    def width(self, m: int):
+        """(plain, tree path, tree path vs plain) max |diff| at width m, over
+        every sample (None: the tree path refused)."""
+        if m <= 1:
+            return 0.0, 0.0, 0.0
+        rows = self.by_width.setdefault(m, [])
+        while True:
+            # The tree path on the first SAMPLES samples: it is the plain
+            # forward's kernels plus its own (admitted only within the plain
+            # bound), and the tail is the plain forward's.
+            rows += [self._measure(s, m, i < SAMPLES) for i, s in enumerate(self.samples)
+                     if i >= len(rows)]
+            plains = sorted(r[0] for r in rows)
+            if len(self.samples) < MAX_SAMPLES and plains[-1] > TAIL * plains[len(plains) // 2]:
+                self._more(SAMPLES)
+                continue
+            break
+        trees = [r[1] for r in rows[:SAMPLES]]
+        if any(t is None for t in trees):
+            return plains[-1], None, None
+        return plains[-1], max(trees), max(r[2] for r in rows[:SAMPLES])
+
+    def _tree_path(self, toks, base) -> Optional[mx.array]:
+        if self.adapter is None:
+            return None
+        tree, cache = DraftTree.linear(toks), _clone(base)
+        try:
+            if isinstance(self.adapter, TreeAdapter):
+                out = self._chain_adapter().verify(tree, cache, inject=True)
+            else:  # a user's adapter: whatever it does with a chain
+                out = self.adapter.verify(tree, cache)
+        except TreeRefused:
+            return None
+        mx.eval(out)
+        return out
+
+    def _chain_adapter(self) -> TreeAdapter:
+        """The adapter under measurement, its tree-aware recurrence (if any)
+        made to take chains through its per-depth path too, as it takes
+        branching trees (a chain is otherwise the mixer's own forward)."""
+        if self._chains is None:
+            a = self.adapter
+            rec = a.recurrent
+            if isinstance(rec, TreeRecurrence):
+                rec = TreeRecurrence(rec.limit, chains=True)
+            self._chains = type(a)(a.model, a.family, rec, a.found)
+        return self._chains
+
+    def controls(self) -> Optional[Dict[str, float]]:
+        """The negative controls for comparisons that have no branching tree
+        of their own (a chain's, a commit's decoding on), from the first
+        sample's context: the tree defects on a branching tree of 8 nodes
+        (when treespec has an adapter for the model), and a plain forward
+        over 8 tokens with its third replaced (what a rollback that kept a
+        stale row would feed the next step)."""
+        if self._controls is None:
+            s = self.samples[0]
+            v = vocab_size(self.model)
+            rng = random.Random(f"{self.key}:controls")
+            tree = DraftTree([rng.randrange(v) for _ in range(8)], [-1, 0, 0, 2, 3, 4, 5, 6])
+            refs = [self.model(mx.array([tree.tokens[j] for j in tree.path_to(i)])[None],
+                               cache=_clone(s.base))[0, -1] for i in range(len(tree))]
+            out = controls(self.model, s.base, tree, mx.stack(refs)) or {}
+            toks, _ = s.chain(8)
+            wrong = list(toks)
+            wrong[2] = (wrong[2] + 1 + rng.randrange(v - 1)) % v
+            p, q = (self.model(mx.array(t)[None], cache=_clone(s.base))[0] for t in (toks, wrong))
+            out[SUBSTITUTED] = _diff(p, q)
+            self._controls = out
+        return self._controls
+
+    def envelope(self, widths: Sequence[int], with_controls: bool = True) -> Envelope:
+        widths = tuple(sorted({int(w) for w in widths} | {1}))
+        n = -1
+        while n != len(self.samples):  # a width that asks for more samples re-measures the others
+            n = len(self.samples)
+            rows = [self.width(m) for m in widths]
+        plain = max(r[0] for r in rows)
+        trees = [r[1] for r in rows]
+        tree = None if any(t is None for t in trees) else max(trees)
+        tvp = None if tree is None else max(r[2] for r in rows)
+        level = self.kv_level(max(widths)) if self.kv[0] and plain > 0 else None
+        env = Envelope(self.key, widths, self.contexts, plain, tree, tvp, None, level)
+        if with_controls and not env.exact:
+            env = Envelope(self.key, widths, self.contexts, plain, tree, tvp, self.controls(), level)
+        return env
+
+    def kv_level(self, width: int) -> float:
+        """On an inexact backend a multi-token forward's keys and values differ
+        from single steps' by a few ulp, and where one sits at a quantization
+        boundary it lands a whole level away: rare (a few percent of
+        forwards), large, and so missed by a sample maximum. Measured instead
+        by planting it: the largest next-step logit change one level in one
+        freshly written key or value element makes, over ``LEVELS`` random
+        elements of each sample."""
+        if width not in self._levels:
+            worst = 0.0
+            for i, s in enumerate(self.samples[:SAMPLES]):
+                toks, _ = s.chain(width)
+                cache = _clone(s.base)
+                self.model(mx.array(toks)[None], cache=cache)
+                nxt = mx.array([[s.chain(width + 1)[0][-1]]])
+                want = self.model(nxt, cache=_clone(cache))[0, -1]
+                rng = random.Random(f"{self.key}:level:{width}:{i}")
+                for _ in range(LEVELS):
+                    planted = _clone(cache)
+                    if _flip_one_level(planted, width, rng):
+                        got = self.model(nxt, cache=planted)[0, -1]
+                        worst = max(worst, _diff(got, want))
+            self._levels[width] = worst
+        return self._levels[width]
+
+
+LEVELS = 4  # planted level changes per sample
+
+
+def _flip_one_level(cache, width: int, rng) -> bool:
+    """Move one quantized element of the last ``width`` rows of one
+    QuantizedKVCache's keys or values by one level (in place); False when
+    the model has no quantized KV layer."""
+    layers = [c for c in cache if isinstance(c, QuantizedKVCache) and c.keys is not None]
+    if not layers:
+        return False
+    c = rng.choice(layers)
+    which = rng.choice(("keys", "values"))
+    packed, scales, biases = getattr(c, which)
+    words = np.array(packed)
+    per_word = 32 // c.bits
+    h = rng.randrange(words.shape[1])
+    row = c.offset - 1 - rng.randrange(min(width, c.offset))
+    e = rng.randrange(words.shape[-1] * per_word)
+    w, shift = e // per_word, (e % per_word) * c.bits
+    mask = (1 << c.bits) - 1
+    field = (int(words[0, h, row, w]) >> shift) & mask
+    new = field + 1 if field < mask else field - 1
+    words[0, h, row, w] = np.uint32((int(words[0, h, row, w]) & ~(mask << shift)) | (new << shift))
+    setattr(c, which, (mx.array(words), scales, biases))
+    return True
+
+
+def _adapter_or_none(model):
+    try:
+        return adapter_for(model)
+    except TreeRefused:
+        return None
+
+
+_MEMO: Dict[tuple, Measurement] = {}
+
+
+def envelope(model, context: int, widths: Sequence[int], kv_bits: Optional[int] = None,
+             kv_group: Optional[int] = None, adapter=None, adapter_name: str = "treespec",
+             label: str = "") -> Envelope:
+    """The envelope of ``model`` (its own caches, KV-quantized by
+    ``kv_bits``/``kv_group``) at ``context`` tokens of history over
+    ``widths``, measured on first use and remembered for the process (the
+    measurement holds the model, so its identity stays its key). ``adapter``:
+    the tree path measured (default ``adapter_for(model)``), named in the key
+    by ``adapter_name``."""
+    lo, hi = bucket(context)
+    key = (id(model), kv_bits, kv_group, lo, adapter_name)
+    if key not in _MEMO:
+        name = label or getattr(model, "model_type", type(model).__name__)
+        tag = f"{name}, context {lo}-{hi}" + (f", kv {kv_bits}-bit g{kv_group}" if kv_bits else "")
+        _MEMO[key] = Measurement(model, adapter, context, kv_bits, kv_group, tag)
+    return _MEMO[key].envelope(widths)
+
+
+def measure(model, context: int, widths: Sequence[int], kv_bits=None, kv_group=None,
+            adapter=None, seed: int = 0) -> Envelope:
+    """:func:`envelope` measured afresh, remembered nowhere: for code that
+    changes kernels for its own duration (a planted regression)."""
+    return Measurement(model, adapter, context, kv_bits, kv_group, f"fresh, context {context}",
+                       seed).envelope(widths)
+
+
+# -- negative controls ----------------------------------------------------------
+
+
+class _Control(TreeAdapter):
+    """treespec's adapter with one deliberate defect in what it injects."""
+
+    defect = ""
+
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
+        # No ring layout (``plans``): on a sliding window the defective verify
+        # takes mlx-lm's own multi-token update, whose time order is one more
+        # (tiny) difference from the one-token references on top of its defect.
+        depths = np.arange(len(tree)) if self.defect == CONTROLS[0] else tree.depths()
+        return injected(self.model, cache, depths, lambda c, n, w: _control_mask(self.defect, c, tree, n, w),
+                        self.family.rope_attr, owners)
+
+
+def _control_mask(defect, cache, tree, n, window):
+    if defect == CONTROLS[1]:
+        _, history, default = mode_of(cache).key_positions(cache)
+        return create_causal_mask(n, history, window or default)
+    mask = tree_mask(cache, tree, window)
+    if defect == CONTROLS[2]:
+        i, j = _siblings(tree)
+        m = np.array(mask)
+        m[j, m.shape[1] - n + i] = True  # node j sees its earlier sibling i
+        mask = mx.array(m)
+    return mask
+
+
+def _siblings(tree: DraftTree) -> Tuple[int, int]:
+    for j in range(1, len(tree)):
+        for i in range(1, j):
+            if tree.parents[i] == tree.parents[j]:
+                return i, j
+    raise ValueError("a linear tree has no siblings")
+
+
+def controls(model, base_cache, tree: DraftTree, refs: mx.array) -> Optional[Dict[str, float]]:
+    """Each negative control's max |diff| over the nodes of ``tree``, verified
+    from a copy of ``base_cache``, against ``refs`` (row i: the plain forward
+    over node i's root path), or None for a linear tree (no control differs
+    from it) or a model treespec has no adapter for."""
+    if tree.is_linear():
+        return None
+    real = _adapter_or_none(model)
+    if real is None:
+        return None
+    out = {}
+    for defect in CONTROLS:
+        # A fresh recurrent strategy of the family's kind: it holds its verify's states.
+        control = type(f"Control[{defect}]", (_Control,), {"defect": defect})(model, real.family)
+        got = control.verify(tree, _clone(base_cache))
+        mx.eval(got)
+        out[defect] = _diff(got, refs)
+    return out
+
+
