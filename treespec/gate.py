@@ -14,6 +14,7 @@ over several independent draws. Results are memoized under a key of what can
 change them. ``decide`` turns a probe into run / decline.
 """
 
+import copy
 import hashlib
 import json
 import random
@@ -130,12 +131,13 @@ def _key(config: dict, shapes) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _chain_logits(model, context, tree) -> Dict[int, mx.array]:
+def _chain_logits(model, base, tree) -> Dict[int, mx.array]:
     """Each node's logits from single-token steps over its root path, the way
-    classic decoding computes them."""
+    classic decoding computes them, each root path from its own copy of the
+    prefilled ``base`` (one prefill per draw: long contexts stay cheap)."""
     out = {}
     for leaf in tree.leaves():
-        cache = prefilled(model, context)
+        cache = copy.deepcopy(base)  # mlx-lm caches: deepcopy copies their arrays
         for node in tree.path_to(leaf):
             logits = model(mx.array([[tree.tokens[node]]]), cache=cache)[0, -1]
             if node not in out:
@@ -156,9 +158,9 @@ def compare_shape(model, parents: Sequence[int], draws: int = DRAWS, seed: int =
         rng = random.Random(hash((seed, d, len(parents))) & 0xFFFFFFFF)
         ctx = [rng.randrange(v) for _ in range(context)]
         tree = DraftTree([rng.randrange(v) for _ in parents], parents)
-        cache = prefilled(model, ctx)
-        got = adapter.verify(tree, cache)
-        ref = _chain_logits(model, ctx, tree)
+        base = prefilled(model, ctx)
+        got = adapter.verify(tree, copy.deepcopy(base))
+        ref = _chain_logits(model, base, tree)
         for i in range(len(tree)):
             a, b = got[i], ref[i]
             if mx.array_equal(a, b).item():

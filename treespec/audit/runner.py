@@ -13,6 +13,7 @@ from .. import blas
 from ..errors import TreeRefused
 from ..gate import configuration
 from .e2e_props import check_e2e, drafter_note
+from .long_props import check_long_context
 from .probe_props import check_envelope, check_probe
 from .records import FAIL, INCONCLUSIVE, SKIP, Check, Options, Report
 from .rollback_props import check_rollback
@@ -32,6 +33,7 @@ PROPERTIES = (
     "e2e",
     "envelope",
     "probe",
+    "long-context",
 )
 
 
@@ -60,8 +62,9 @@ CHECKS = {
     "e2e": check_e2e,
     "envelope": check_envelope,
     "probe": check_probe,
+    "long-context": check_long_context,
 }
-NEEDS_ADAPTER = {"linear-verify", "tree-verify", "rollback", "e2e", "envelope", "probe"}
+NEEDS_ADAPTER = {"linear-verify", "tree-verify", "rollback", "e2e", "envelope", "probe", "long-context"}
 
 
 def check(prop: str, s: Subject) -> List[Check]:
