@@ -55,10 +55,10 @@ def tree(n: int, seed: int) -> DraftTree:
     return DraftTree(verify_helpers.tokens(n, seed), parents)
 
 
-def history(context: int, kv: Optional[tuple] = None) -> list:
-    """A prompt of ``context`` tokens and one more step (``kv``: (bits,
-    group), then converted to mlx-lm's QuantizedKVCache, as generate's
-    kv_bits does)."""
+def history(context: int, kv: Optional[tuple] = None) -> tuple:
+    """(History, CacheMode) for treespec.audit.states.replay: a prompt of
+    ``context`` tokens and one more step; ``kv`` (bits, group): then
+    converted to mlx-lm's QuantizedKVCache, as generate's kv_bits does."""
     mode = CacheMode(f"kv-q{kv[0]}-g{kv[1]}", kv[0], kv[1]) if kv else CacheMode()
     return History(verify_helpers.tokens(context, 3), verify_helpers.tokens(1, 4)), mode
 

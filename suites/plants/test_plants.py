@@ -20,7 +20,7 @@ from typing import Callable, FrozenSet
 import pytest
 
 from suites.plants import helpers as P
-from suites.planted import DECLINED, FAIL, PLANTS
+from suites.planted import DECLINED, PLANTS
 from suites.verdict import unrecorded
 from suites.verify import helpers as verify_helpers
 from treespec import numerics
