@@ -88,6 +88,12 @@ def add_audit_parser(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=None,
                    help="e2e length (default: 32, or the sliding window + 16)")
+    p.add_argument("--context", type=int, default=1100, help="history length of the "
+                   "long-context rows (default 1100: past the 1024 keys where attention kernels "
+                   "switch paths; 0 turns them off)")
+    p.add_argument("--tree-nodes", default="32,64", help="node counts of the random trees the "
+                   "long-context rows verify and probe besides the drafters' shapes (default "
+                   "32,64: EAGLE-sized, past the 32 rows where matmuls switch GEMM paths)")
     p.add_argument("--only", help="comma-separated subset of the audit's properties (an "
                    "unknown name is an error that lists them)")
 

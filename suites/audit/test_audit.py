@@ -85,8 +85,10 @@ def test_gemma_probe_on_a_wrapped_window_is_exact_where_the_backend_is(capsys):
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
 def test_audit_fails_on_a_planted_defect_and_names_it(defect, capsys):
     family, must_fail, must_pass = DEFECTS[defect]
+    # --context 0: each defect is named by the short rows (the long-context
+    # rows are the size matrix's, suites/plants)
     rc, report = run_json(capsys, "--model", zoo.checkpoint(family),
-                          "--adapter", f"suites.audit.helpers_defects:{defect}")
+                          "--adapter", f"suites.audit.helpers_defects:{defect}", "--context", "0")
     lines = "\n".join(f"{c['name']}: {c['status']}: {c['detail']}" for c in report["checks"])
     failed = failed_props(report)
     assert rc == 1 and not report["ok"], lines
@@ -115,7 +117,7 @@ def test_allow_inexact_reports_differences_within_tolerance_as_inexact(capsys):
 def test_the_real_adapter_through_the_adapter_option_passes(capsys):
     """The control for the defects: --adapter itself changes nothing."""
     rc, report = run_json(capsys, "--model", zoo.checkpoint("llama"),
-                          "--adapter", "suites.audit.helpers_defects:real")
+                          "--adapter", "suites.audit.helpers_defects:real", "--context", "0")
     assert rc == 0, report["failed"]
     assert report["header"]["adapter_source"] == "suites.audit.helpers_defects:real"
 
@@ -144,13 +146,18 @@ def test_usage_errors_exit_2(capsys):
     assert "AttributeError" in capsys.readouterr().err
     assert cli.main(["audit", "--model", llama, "--only", "speed"]) == 2
     assert "unknown properties" in capsys.readouterr().err
+    assert cli.main(["audit", "--model", llama, "--context", "-1"]) == 2
+    assert "--context" in capsys.readouterr().err
+    for bad in ("32,x", "0"):
+        assert cli.main(["audit", "--model", llama, "--tree-nodes", bad]) == 2
+        assert "--tree-nodes" in capsys.readouterr().err
 
 
 def test_the_cli_as_a_subprocess_prints_the_table_and_exits_1():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "treespec", "audit", "--model", str(zoo.checkpoint("llama")),
-         "--adapter", "suites.audit.helpers_defects:tail_trim"],
+         "--adapter", "suites.audit.helpers_defects:tail_trim", "--context", "0"],
         cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout

@@ -12,6 +12,8 @@ from .subject import subject
 def cmd_audit(args) -> int:
     prepare()
     props = PROPERTIES
+    if args.context < 0:
+        raise UsageError(f"--context: must be 0 (off) or a number of tokens, got {args.context}")
     if args.only:
         props = [p.strip() for p in args.only.split(",") if p.strip()]
         unknown = [p for p in props if p not in PROPERTIES]
@@ -19,10 +21,22 @@ def cmd_audit(args) -> int:
             raise UsageError(f"--only: unknown properties {unknown}; known: {', '.join(PROPERTIES)}")
     options = Options(block=args.block, draws=args.draws, seed=args.seed,
                       allow_inexact=args.allow_inexact, tolerance=args.tolerance,
-                      max_tokens=args.max_tokens)
+                      max_tokens=args.max_tokens, context=args.context,
+                      tree_nodes=_tree_nodes(args.tree_nodes))
     report = run(subject(args.model, args.draft_model, args.adapter, options), props)
     if args.json:
         print(json.dumps(report.to_json()))
     else:
         print(format_report(report))
     return 0 if report.ok else 1  # inconclusive rows are reported, as pytest reports skips
+
+
+def _tree_nodes(text: str) -> tuple:
+    try:
+        nodes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--tree-nodes: expected comma-separated node counts, got {text!r}")
+    if any(n < 1 for n in nodes):
+        raise UsageError(f"--tree-nodes: node counts must be at least 1, got {text!r}")
+    return nodes
+

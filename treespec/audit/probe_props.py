@@ -30,19 +30,20 @@ def probe_shapes(block: int) -> List[tuple]:
     return shapes
 
 
-def _probe(s: Subject, shapes, context: Optional[int] = None):
+def _probe(s: Subject, shapes, context: Optional[int] = None, draws: Optional[int] = None):
     """treespec.gate's measurement of ``shapes`` with the adapter under audit
     (compare_shape, not the memoized gate.probe: its key does not name the
     adapter). Returns (Probe, refused shapes)."""
     context = CONTEXT if context is None else context
+    draws = s.options.draws if draws is None else draws
     config = configuration(s.model)
-    blob = json.dumps([config, shapes, s.adapter_source, context, s.options.draws, s.options.seed])
+    blob = json.dumps([config, shapes, s.adapter_source, context, draws, s.options.seed])
     probe = Probe(hashlib.sha256(blob.encode()).hexdigest()[:16], config)
     refused = []
     adapter = the_adapter(s)
     for sh in shapes:
         try:
-            probe.shapes.append(compare_shape(s.model, sh, draws=s.options.draws,
+            probe.shapes.append(compare_shape(s.model, sh, draws=draws,
                                               seed=s.options.seed, context=context,
                                               adapter=adapter))
         except TreeRefused as e:

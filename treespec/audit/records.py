@@ -8,7 +8,7 @@ comparisons are judged against the audited model's envelope measured in the
 same run, so an inexact backend reads "within envelope", not "FAIL"."""
 
 from dataclasses import asdict, dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import mlx.core as mx
 
@@ -56,6 +56,8 @@ class Options:
     allow_inexact: bool = False
     tolerance: float = 0.05  # max |diff| accepted as "inexact" with allow_inexact
     max_tokens: Optional[int] = None  # e2e length (default: past the window)
+    context: int = 1100  # the long-context rows' history (past 1024 keys); 0: off
+    tree_nodes: Tuple[int, ...] = (32, 64)  # their random trees' sizes, besides the drafters'
 
 
 @dataclass

@@ -14,6 +14,7 @@ from ..errors import TreeRefused
 from ..gate import configuration
 from .attribution import attributed, mlx_lm_failure
 from .e2e_props import check_e2e, drafter_note
+from .long_props import check_long_context
 from .probe_props import check_envelope, check_probe
 from .records import FAIL, INCONCLUSIVE, SKIP, Check, Options, Report
 from .rollback_props import check_rollback
@@ -33,6 +34,7 @@ PROPERTIES = (
     "e2e",
     "envelope",
     "probe",
+    "long-context",
 )
 
 
@@ -79,8 +81,9 @@ CHECKS = {
     "e2e": check_e2e,
     "envelope": check_envelope,
     "probe": check_probe,
+    "long-context": check_long_context,
 }
-NEEDS_ADAPTER = {"linear-verify", "tree-verify", "rollback", "e2e", "envelope", "probe"}
+NEEDS_ADAPTER = {"linear-verify", "tree-verify", "rollback", "e2e", "envelope", "probe", "long-context"}
 
 
 def check(prop: str, s: Subject) -> List[Check]:

@@ -111,15 +111,27 @@ def _controls(model, base, tree, refs):
 def check_tree_verify(s: Subject, mode: CacheMode = CacheMode()) -> Check:
     """Every node's verify row equals the last row of a plain forward over
     that node's root path from a copy of the same cache (contract 6)."""
-    adapter, model = the_adapter(s), s.model
     rng = random.Random(f"{s.options.seed}:tree:{mode.name}")
+    hists = histories(s)
+    trees = {hist: branching_trees(s, rng) for hist in hists}
+    tally, count = verify_trees(s, mode, trees)
+    return tally.check(f"tree-verify[{mode.name}]", f"nodes of {count // len(hists)} trees x "
+                       f"{len(hists)} offsets")
+
+
+def verify_trees(s: Subject, mode: CacheMode, trees: dict):
+    """Verify each tree of ``trees`` (history -> trees) on a copy of that
+    history's cache and compare every node with a plain forward over its
+    root path, judged against the envelope at that history's offset.
+    Returns (Tally, trees verified)."""
+    adapter, model = the_adapter(s), s.model
     w = window(model)
     tally = Tally(s.options)
-    trees = 0
-    for hist in histories(s):
+    count = 0
+    for hist, hist_trees in trees.items():
         base = base_cache(s, hist, mode)
-        for tree in branching_trees(s, rng):
-            trees += 1
+        for tree in hist_trees:
+            count += 1
             logits = _verify_copy(tally, adapter, tree, base, hist, w, f"{len(tree)}-node tree",
                                   "adapter refuses branching trees")
             if logits is None:
@@ -141,6 +153,4 @@ def check_tree_verify(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                               env=env, controls=controls)
     if tally.refused and tally.count:
         tally.note(f"{len(tally.refused)} trees refused ({tally.refused[0]})")
-    name = f"tree-verify[{mode.name}]"
-    return tally.check(name, f"nodes of {trees // len(histories(s))} trees x "
-                       f"{len(histories(s))} offsets")
+    return tally, count

@@ -48,13 +48,16 @@ from .tokenizer import (BOS, EOS, PAD, SPECIAL_TOKENS, VOCAB_SIZE, tokenizer_jso
 # (init rules, tokenizer, configs): cached checkpoints are keyed by it.
 VERSION = 1
 
-__all__ = ["BITS", "BOS", "CONFIGS", "DTYPES", "EOS", "FAMILIES", "GROUP_SIZE", "PAD",
+__all__ = ["BITS", "QUANT_BITS", "BOS", "CONFIGS", "DTYPES", "EOS", "FAMILIES", "GROUP_SIZE", "PAD",
            "SPECIAL_TOKENS", "VERSION", "VOCAB_SIZE", "Card", "build", "card", "checkpoint",
            "config", "cpu_limitation", "default_root", "drafter", "drafter_checkpoint", "save",
            "save_tokenizer", "token_id", "tokenizer", "tokenizer_json"]
 
 DTYPES = ("float32", "float16", "bfloat16")
 BITS = (None, 4, 8)
+# What build() quantizes to (mx.quantize's affine bits; the size matrix of
+# suites/plants); the zoo's checkpoints use BITS.
+QUANT_BITS = (None, 2, 3, 4, 5, 6, 8)
 # mlx-lm's default affine group; every dim we quantize is a multiple of it.
 GROUP_SIZE = 64
 
@@ -177,14 +180,15 @@ def cpu_limitation(family: str, dtype: str, bits: Optional[int]) -> Optional[str
     return None
 
 
-def _make(family, dtype, bits, seed, noise=0.0, noise_seed=None) -> nn.Module:
-    if bits not in BITS:
-        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+def _make(family, dtype, bits, seed, noise=0.0, noise_seed=None, group_size=GROUP_SIZE,
+          overrides=None) -> nn.Module:
+    if bits not in QUANT_BITS:
+        raise ValueError(f"bits must be one of {QUANT_BITS}, got {bits!r}")
     if mx.default_device() == mx.cpu and (why := cpu_limitation(family, dtype, bits)):
         raise ValueError(f"refusing to build a model the CPU cannot run: {why}")
     seed = int(seed)  # a numpy integer would change the repr-keyed streams
     noise_seed = None if noise_seed is None else int(noise_seed)
-    cfg = config(family)
+    cfg = {**config(family), **(overrides or {})}
     model = _instantiate(cfg)
     weights = _weights(model, family, seed, noise, noise_seed)
     # The loader's path: sanitize (which may drop modules, e.g. Gemma 3's
@@ -200,18 +204,21 @@ def _make(family, dtype, bits, seed, noise=0.0, noise_seed=None) -> nn.Module:
         _cast(model, dtype)
         if bits is not None:
             with contextlib.redirect_stdout(io.StringIO()):  # it prints bpw
-                model, cfg = quantize_model(model, cfg, GROUP_SIZE, bits)
+                model, cfg = quantize_model(model, cfg, group_size, bits)
         mx.eval(model.parameters())
     model.zoo_card = Card(family, dtype, bits, seed, cfg, noise, noise_seed)
     return model
 
 
 def build(
-    family: str, dtype: str = "float32", bits: Optional[int] = None, seed: int = 0
+    family: str, dtype: str = "float32", bits: Optional[int] = None, seed: int = 0,
+    group_size: int = GROUP_SIZE, overrides: Optional[dict] = None,
 ) -> nn.Module:
     """The zoo model of `family`: seeded weights, cast to `dtype`, quantized
-    to `bits` (affine, group 64) if given, evaluated."""
-    return _make(family, dtype, bits, seed)
+    to `bits` (affine, `group_size`, default 64) if given, evaluated.
+    ``overrides``: config.json fields replaced (head_dim, layers, window:
+    the size matrix's models at real-model sizes)."""
+    return _make(family, dtype, bits, seed, group_size=group_size, overrides=overrides)
 
 
 def drafter(
