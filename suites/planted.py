@@ -18,6 +18,8 @@ a FAIL they provoke on purpose is not the run's verdict.
 """
 
 import importlib
+import shutil
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -195,13 +197,19 @@ def planted(name: str):
     if name not in PLANTS:
         raise pytest.UsageError(f"--plant: unknown plant {name!r}; known: {', '.join(PLANTS)}")
     mp = pytest.MonkeyPatch()
+    # The probe's disk memo too (treespec.gate_memo): its key names the code
+    # and the weights, not a planted kernel, so a planted probe must neither
+    # read the real verdicts nor store its own.
+    memo = tempfile.mkdtemp(prefix="treespec-plant-")
     try:
         mp.setattr(numerics, "_MEMO", {})
         mp.setattr(gate, "_MEMO", {})
+        mp.setenv("TREESPEC_CACHE_DIR", memo)
         PLANTS[name].install(mp)
         yield PLANTS[name]
     finally:
         mp.undo()
+        shutil.rmtree(memo, ignore_errors=True)
 
 
 @pytest.fixture

@@ -108,7 +108,7 @@ def test_every_tree_lays_the_path_of_first_choices_out_first(name):
         rnd = drafter.draft(root, limit)
         path = first_children(rnd.tree.parents)
         assert path == list(range(len(path))), rnd.tree.parents
-        tail = Tail(100, len(rnd.tree), np.array(path))
+        tail = Tail(100, rnd.tree.parents, np.array(path))
         assert tail.first_moved == tail.k
         drafter.commit(rnd, path)
         root = rnd.tree.tokens[path[-1]]
