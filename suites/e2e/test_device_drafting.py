@@ -9,9 +9,11 @@ byte-identical where the backend is exact and equal within its envelope
 import mlx.core as mx
 import pytest
 
+from suites.helpers_numerics import EXACT_REGIMES
 from suites.helpers_numerics import check
 from suites.verdict import DRAFTING
 from suites.verify import helpers
+from treespec.blas import regime
 from treespec import caches, numerics
 from treespec.draft import DeviceRound, FixedTreeDrafter
 
@@ -180,6 +182,9 @@ def test_the_confidence_tree_is_eagle2s_per_depth_tree(budget, width, on_device)
     """Against the independent reference: the same candidates kept, with the
     same scores, laid out in first-choice order with ``logprobs`` in rank
     order; round after round (committing through both kinds of path)."""
+    if regime() not in EXACT_REGIMES:  # forwards of different widths, compared bit for bit
+        pytest.skip(f"inconclusive on {regime()}: the drafted tree's log-probabilities against a reference drafted with forwards of other widths compares forwards of different "
+                    "widths bit for bit, which only an exact regime makes equal (no envelope yet)")
     from treespec.draft import ConfidenceDrafter
 
     model = helpers.model("llama")
