@@ -34,6 +34,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, CacheList, make_prompt_cache
 
+from .standin import StandIn
+
 __all__ = ["Discovery", "Mixer", "discover", "get_slot", "set_slot", "slots", "takes_cache"]
 
 
@@ -139,7 +141,7 @@ def _recurrent_leaves(cache) -> Dict[int, Tuple[int, ...]]:
     return found
 
 
-class _Watch(nn.Module):
+class _Watch(StandIn):
     """Records which caches a module is handed, then runs it unchanged."""
 
     def __init__(self, inner, path, seen):
@@ -148,13 +150,6 @@ class _Watch(nn.Module):
         object.__setattr__(self, "_path", path)
         object.__setattr__(self, "_seen", seen)
 
-    def __getattr__(self, key):
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
     def __call__(self, *args, **kwargs):
         for a in (*args, *kwargs.values()):

@@ -31,6 +31,7 @@ from mlx_lm.models.cache import KVCache
 from .caches import Entry, Tail, mode_of, plan_commit, refuse
 from .errors import RollbackRefused, TreeError
 from .mixers import Mixer, discover, get_slot, set_slot
+from .standin import StandIn
 from .tree import DraftTree
 
 __all__ = ["Captures", "KeptStates", "RollbackRefused", "Snapshot", "capture_recurrent_inputs",
@@ -127,7 +128,7 @@ class Captures:
         return isinstance(module, _Recorder)
 
 
-class _Recorder(nn.Module):
+class _Recorder(StandIn):
     """Stands in for a recurrent mixer: records each call that receives an
     ArraysCache, then runs the module it replaced unchanged. Calls from any
     thread but the one capturing are not recorded (they are another
@@ -142,14 +143,6 @@ class _Recorder(nn.Module):
         object.__setattr__(self, "_captures", captures)
         object.__setattr__(self, "_thread", threading.get_ident())
 
-    def __getattr__(self, key):
-        # Code that reads the mixer's attributes still finds them.
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
     def __call__(self, *args, **kwargs):
         if threading.get_ident() != self._thread:

@@ -54,6 +54,7 @@ from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_pr
 
 from suites.families.helpers_configs import VARIANTS, config
 from treespec.errors import RollbackRefused, TreeRefused
+from treespec.standin import StandIn
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
@@ -132,7 +133,7 @@ def _maxdiff(a, b) -> float:
     return float(mx.where(mx.isnan(d), float("inf"), d).max())
 
 
-class _Stepped(nn.Module):
+class _Stepped(StandIn):
     """Runs a module handed an ArraysCache one token at a time (unless an
     outer one already does): what classic decoding does in that layer."""
 
@@ -142,13 +143,6 @@ class _Stepped(nn.Module):
         object.__setattr__(self, "_busy", busy)
         object.__setattr__(self, "_sig", inspect.signature(inner.__call__))
 
-    def __getattr__(self, key):
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
     def __call__(self, *args, **kwargs):
         try:

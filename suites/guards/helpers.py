@@ -10,6 +10,7 @@ import numpy as np
 from mlx_lm.models import llama
 
 from treespec import zoo
+from treespec.standin import StandIn
 
 VOCAB = zoo.VOCAB_SIZE
 
@@ -42,7 +43,7 @@ def llama_of_vocabulary(vocab: int):
     return m
 
 
-class Counted(nn.Module):
+class Counted(StandIn):
     """Stands in for a decoder layer and counts its calls: one per forward
     of the model. ``budget`` aborts a run that would go on past it."""
 
@@ -52,13 +53,6 @@ class Counted(nn.Module):
         self.calls = 0
         self.budget = budget
 
-    def __getattr__(self, key):  # the model reads its layers' attributes
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
     def __call__(self, *args, **kwargs):
         self.calls += 1

@@ -34,6 +34,7 @@ from mlx_lm.models.smollm3 import NoPE
 
 from ..caches import attention_caches, mode_of
 from ..mixers import set_slot
+from ..standin import StandIn
 from ..tree import DraftTree
 from .positions import ByDepth, position_inputs
 
@@ -118,7 +119,7 @@ def rope_at(rope, x: mx.array, positions: mx.array, **kwargs) -> mx.array:
     return out.reshape(B, T, H, D).transpose(0, 2, 1, 3)
 
 
-class TreeRoPE(nn.Module):
+class TreeRoPE(StandIn):
     """Stands in for an attention module's ``rope`` during one verify forward.
 
     An nn.Module so that assigning it replaces the child in place (the
@@ -136,14 +137,6 @@ class TreeRoPE(nn.Module):
         self._calls = 0
         self._thread = threading.get_ident()
 
-    def __getattr__(self, key):
-        # Code that reads the rope's attributes (its dims) still finds them.
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
     def __call__(self, x, offset=0, **kwargs):
         if threading.get_ident() != self._thread:

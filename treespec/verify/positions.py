@@ -31,6 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..mixers import slots
+from ..standin import StandIn
 
 # Modules whose argument carries a value per flattened position: the token
 # axis is where the queries' L is (attn_scale broadcasts as [..., L, 1]).
@@ -71,7 +72,7 @@ def position_inputs(model: nn.Module) -> List[tuple]:
     return out
 
 
-class ByDepth(nn.Module):
+class ByDepth(StandIn):
     """Stands in for a module receiving per-position values during one
     verify forward: its ``argument`` (the first one when None) re-indexed
     along ``axis`` by node depth, then the module runs unchanged."""
@@ -85,13 +86,6 @@ class ByDepth(nn.Module):
         object.__setattr__(self, "_signature", inspect.signature(inner.__call__))
         self._calls = 0
 
-    def __getattr__(self, key):
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
     def __call__(self, *args, **kwargs):
         bound = self._signature.bind(*args, **kwargs)

@@ -50,6 +50,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache
 
+from .. import standin
 from ..caches import leaves
 from ..errors import TreeRefused
 from ..mixers import Discovery, discover, set_slot
@@ -67,18 +68,11 @@ def _family(obj) -> str:
     return type(obj).__module__.rsplit(".", 1)[-1]
 
 
-class StandIn(nn.Module):
+class StandIn(standin.StandIn):
     """Base of a module that stands in for a mixer during one verify
     (``self.mixer`` is the real one, so the mixer is still found there)."""
 
-    def __getattr__(self, key):
-        # Code around the mixer that reads its attributes still finds them.
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "mixer" not in self:
-                raise
-            return getattr(self["mixer"], key)
+    WRAPS = "mixer"
 
 
 # --------------------------------------------------------------------------
