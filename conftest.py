@@ -14,7 +14,7 @@ from syrupy.extensions.amber import AmberSnapshotExtension
 
 GOLDEN = Path(__file__).parent / "golden"
 
-pytest_plugins = ["suites.verdict", "suites.planted"]
+pytest_plugins = ["suites.verdict", "suites.planted", "suites.backend"]
 
 # `ci` is deterministic (derandomized, no example database) so a red run is
 # reproducible from the commit alone; `dev` searches much harder.

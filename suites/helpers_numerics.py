@@ -16,16 +16,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from suites.verdict import expect
-from treespec import numerics
+from suites.verdict import EXACT_REGIMES, SOUND, expect
+from treespec import numerics, soundness
 from treespec.models import model_type
 
 
-# Regimes whose goldens also pin round statistics: there every multi-token
-# forward is bit-identical to single steps, so the gate's decisions and the
-# drafter's numbers are fixed (README, "Goldens per regime"). Elsewhere they
-# depend on the kernel a machine's library picks.
-EXACT_REGIMES = ("reference",)
 
 
 def model_label(model) -> tuple:
@@ -75,3 +70,17 @@ def exact(contract: str, model, mode: str = "", label: Optional[tuple] = None):
     bit-exact in the table; call it after the assertion held."""
     family, dtype = label or model_label(model)
     return expect(numerics.Verdict(numerics.BIT_EXACT), contract, family, f"{dtype} {mode}".strip())
+
+
+def require_sound(model, widths: Sequence[int] = soundness.ROWS, label: Optional[tuple] = None):
+    """``model``, once its quantized products are sound on this backend at
+    ``widths`` (treespec.soundness); else no test of it can give a verdict:
+    recorded inconclusive under SOUND, naming the faults, and the test
+    skipped (a FAIL on an exact regime). Returns the model."""
+    found = soundness.faults(model, widths)
+    if found:
+        family, dtype = label or model_label(model)
+        detail = f"{numerics.UNSOUND}: " + "; ".join(map(str, found))
+        expect(numerics.Verdict(numerics.INCONCLUSIVE, float("nan"), detail=detail), SOUND,
+               family, dtype)
+    return model

@@ -35,6 +35,13 @@ GATE = "gate: decision = its probe"
 HYBRID_LAYER = "hybrid: tree recurrence = path (mixer)"
 DRAFTING = "drafting: device rounds = host rounds"
 AUDIT = "audit"
+SOUND = "backend: quantized products sound"
+BACKEND_GAP = "backend: kernel exists"
+
+# Regimes where every multi-token forward is bit-identical to single steps
+# (README, "Goldens per regime"): there a backend fault is a regression, never
+# a reason to withhold a verdict.
+EXACT_REGIMES = ("reference",)
 
 # Contracts of the tests that record nothing, by folder (or module).
 _BY_MODULE = {"test_refusals": "refusals", "test_malformed": "refusals",
@@ -95,7 +102,12 @@ def unrecorded():
 
 def expect(verdict: numerics.Verdict, contract: str, family: str = "-", dtype: str = "-"):
     """Record ``verdict``; fail the test on FAIL, skip it (with the figures)
-    when inconclusive; return it otherwise."""
+    when inconclusive; return it otherwise. Inconclusive for unsound kernels
+    (treespec.soundness) is a FAIL on an exact regime."""
+    if verdict.word == numerics.INCONCLUSIVE and numerics.UNSOUND in verdict.detail \
+            and regime() in EXACT_REGIMES:
+        verdict = numerics.Verdict(numerics.FAIL, verdict.max_diff, detail=(
+            f"on the {regime()} regime, which is exact: {verdict.detail}"))
     record(verdict, contract, family, dtype)
     if verdict.word == numerics.FAIL:
         pytest.fail(f"{contract} [{family} {dtype}]: {verdict.detail}", pytrace=False)

@@ -43,6 +43,7 @@ from .attention_check import AttentionCheck, interleaved_rows_match
 from .blas import detect
 from .models import model_type, prefilled, vocab_size
 from .options import MAX_DRAFT_NODES
+from .soundness import faults as kernel_faults
 from .tree import DraftTree
 from .verify import adapter_for
 
@@ -385,8 +386,24 @@ class Decision:
 
 def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapter=None,
            adapter_name: str = ADAPTER, cache=None) -> Decision:
-    """Run / decline from ``probe`` (``cache``: the cache mode, as there)."""
-    p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name, cache=cache)
+    """Run / decline from ``probe`` (``cache``: the cache mode, as there).
+    Declined without a probe (``--allow-inexact`` or not: nothing could be
+    measured) where the model's quantized products are unsound on this
+    backend (treespec.soundness), and where the backend cannot run the
+    probe's forwards at all in this cache mode (an MLX error, quoted)."""
+    widths = sorted({1, *(len(s) for s in shapes)})
+    unsound = kernel_faults(model, widths)
+    if unsound:
+        return Decision(False, False, "declined to classic decode: this backend computes the "
+                        "model's quantized products unsoundly, so no probe can measure a verify "
+                        f"against them ({'; '.join(map(str, unsound))})")
+    try:
+        p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name, cache=cache)
+    except RuntimeError as e:  # MLX's own: a kernel this backend lacks, a failed launch
+        d = cache.describe() if cache is not None else None
+        mode = f" in cache mode {', '.join(f'{k} {v}' for k, v in d.items())}" if d else ""
+        return Decision(False, False, "declined to classic decode: this backend cannot run the "
+                        f"probe's multi-token forwards{mode}: {str(e).splitlines()[0][:200]}")
     if p.identical:
         return Decision(True, True, f"probe passed: {len(p.shapes)} shapes bit-identical "
                         f"to single-token steps ({p.config['blas']}, {p.config['device']})", p)

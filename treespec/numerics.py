@@ -34,6 +34,11 @@ on the ring itself, E would take in the ring-order difference of mlx-lm's
 multi-token forward: exactly what a verify that saw the ring in time order
 would get wrong.
 
+Where the model's quantized products are unsound on this backend at the
+widths asked (treespec.soundness: the same call giving different or
+infinite values), there is no envelope to measure: :func:`envelope` returns
+one carrying the faults, and every verdict judged with it is inconclusive.
+
 Entry points: :func:`envelope` (memoized per process), :func:`measure` (not
 memoized: for a test that changes kernels for its own duration),
 :func:`controls` (a tree's negative controls), and the rule's ``judge``.
@@ -51,17 +56,19 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make
 from .caches import mode_of
 from .errors import TreeRefused
 from .models import vocab_size
+from .soundness import faults as kernel_faults
 from .tree import DraftTree
 from .verdicts import (BIT_EXACT, DECLINED, FAIL, INCONCLUSIVE, SAFETY, SEPARATION, TRIANGLE,
-                       WITHIN, WORDS, Envelope, Verdict, bucket, declined, judge, tree_path_verdict,
-                       widths_of, worst)
+                       UNSOUND, WITHIN, WORDS, Envelope, Verdict, bucket, declined, judge,
+                       tree_path_verdict, unsound, widths_of, worst)
 from .verify import TreeAdapter, adapter_for
 from .verify.attention import injected, tree_mask
 from .verify.recurrence import TreeRecurrence
 
 __all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "INCONCLUSIVE", "SAFETY",
-           "SEPARATION", "TRIANGLE", "Verdict", "WITHIN", "WORDS", "controls", "declined",
-           "envelope", "judge", "measure", "tree_path_verdict", "widths_of", "worst"]
+           "SEPARATION", "TRIANGLE", "UNSOUND", "Verdict", "WITHIN", "WORDS", "controls",
+           "declined", "envelope", "judge", "measure", "tree_path_verdict", "unsound", "widths_of",
+           "worst"]
 
 SAMPLES = 4  # contexts measured per bucket, and per extension
 MAX_SAMPLES = 12
@@ -327,20 +334,37 @@ def envelope(model, context: int, widths: Sequence[int], kv_bits: Optional[int] 
     the tree path measured (default ``adapter_for(model)``), named in the key
     by ``adapter_name``."""
     lo, hi = bucket(context)
+    name = label or getattr(model, "model_type", type(model).__name__)
+    tag = f"{name}, context {lo}-{hi}" + (f", kv {kv_bits}-bit g{kv_group}" if kv_bits else "")
+    unsound = _unsound(model, widths, tag)
+    if unsound is not None:
+        return unsound
     key = (id(model), kv_bits, kv_group, lo, adapter_name)
     if key not in _MEMO:
-        name = label or getattr(model, "model_type", type(model).__name__)
-        tag = f"{name}, context {lo}-{hi}" + (f", kv {kv_bits}-bit g{kv_group}" if kv_bits else "")
         _MEMO[key] = Measurement(model, adapter, context, kv_bits, kv_group, tag)
     return _MEMO[key].envelope(widths)
+
+
+def _unsound(model, widths: Sequence[int], key: str) -> Optional[Envelope]:
+    """The envelope that is none: where the model's quantized products are
+    unsound at these widths (treespec.soundness), nothing is measured and
+    every comparison judged with it is inconclusive, naming the fault."""
+    widths = tuple(sorted({int(w) for w in widths} | {1}))
+    found = kernel_faults(model, widths)
+    if not found:
+        return None
+    return Envelope(key, widths, (), float("nan"), None, None, faults=tuple(map(str, found)))
 
 
 def measure(model, context: int, widths: Sequence[int], kv_bits=None, kv_group=None,
             adapter=None, seed: int = 0) -> Envelope:
     """:func:`envelope` measured afresh, remembered nowhere: for code that
     changes kernels for its own duration (a planted regression)."""
-    return Measurement(model, adapter, context, kv_bits, kv_group, f"fresh, context {context}",
-                       seed).envelope(widths)
+    key = f"fresh, context {context}"
+    unsound = _unsound(model, widths, key)
+    if unsound is not None:
+        return unsound
+    return Measurement(model, adapter, context, kv_bits, kv_group, key, seed).envelope(widths)
 
 
 # -- negative controls ----------------------------------------------------------

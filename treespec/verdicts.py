@@ -30,8 +30,8 @@ import numpy as np
 from .tree import DraftTree
 
 __all__ = ["BIT_EXACT", "DECLINED", "Envelope", "FAIL", "INCONCLUSIVE", "SAFETY", "SEPARATION",
-           "TRIANGLE", "Verdict", "WITHIN", "WORDS", "bucket", "declined", "judge",
-           "tree_path_verdict", "widths_of", "worst"]
+           "TRIANGLE", "UNSOUND", "Verdict", "WITHIN", "WORDS", "bucket", "declined", "judge",
+           "tree_path_verdict", "unsound", "widths_of", "worst"]
 
 TRIANGLE = 2.0  # two forwards, each within E of the single steps
 SAFETY = 4.0  # E is a sample maximum; measured: other inputs reach up to 7.4 E (README)
@@ -104,6 +104,7 @@ class Envelope:
     tree_vs_plain: Optional[float]  # max |tree path - plain forward|, same tokens
     controls: Optional[Dict[str, float]] = None  # on the key's branching tree; None: not run
     kv_level: Optional[float] = None  # one KV quantization level's effect (inexact backends)
+    faults: Tuple[str, ...] = ()  # unsound kernel products (treespec.soundness): nothing measured
 
     @property
     def tree_ok(self) -> bool:
@@ -127,6 +128,9 @@ class Envelope:
         return self.value == 0.0
 
     def line(self) -> str:
+        if self.faults:
+            return (f"no envelope: this backend computes the model's quantized products unsoundly "
+                    f"({'; '.join(self.faults)}) [{self.key}]")
         tree = "refused" if self.tree is None else f"{self.tree:.3g}"
         ok = "" if self.tree_ok else " (tree path NOT admitted: it differs from the plain path)"
         kv = f", one KV level {self.kv_level:.3g}" if self.kv_level else ""
@@ -171,6 +175,8 @@ def tree_path_verdict(env: Envelope) -> Optional[Verdict]:
     it (correct by construction) against the plain forward of the same tokens,
     judged with the plain envelope's bound; None where the tree path refused
     the model (nothing measured)."""
+    if env.faults:
+        return unsound(env)
     tvp = env.tree_vs_plain
     if tvp is None:
         return None
@@ -194,6 +200,16 @@ def tree_path_verdict(env: Envelope) -> Optional[Verdict]:
         f"(weakest {weakest / env.bound:.3g} x the bound) ({env.line()})"))
 
 
+UNSOUND = "the backend's kernels are unsound here"
+
+
+def unsound(env: Envelope, what: str = "") -> Verdict:
+    """No verdict on a comparison whose forwards ran on unsound kernels: the
+    same product gives different (or infinite) values from call to call, so
+    no bound tells a defect from the kernel (treespec.soundness)."""
+    return Verdict(INCONCLUSIVE, float("nan"), detail=f"{what}{UNSOUND}: {env.line()}")
+
+
 def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "") -> Verdict:
     """The verdict on two forwards' logits (any shape; rows along the first
     axis): bit-exact, within the envelope (and the controls separate),
@@ -208,6 +224,8 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "") -> 
     if mx.array_equal(got, want).item():
         return Verdict(BIT_EXACT, 0.0)
     env = env() if callable(env) else env
+    if env.faults:
+        return unsound(env, what)
     a = got.astype(mx.float32).reshape(-1, got.shape[-1]) if got.ndim else got.reshape(1, 1)
     b = want.astype(mx.float32).reshape(a.shape)
     rows = np.array(mx.max(mx.abs(a - b), axis=-1)).astype(np.float64)

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
+from suites.helpers_numerics import require_sound
 from treespec import numerics
 from treespec.tree import DraftTree  # noqa: F401  (re-exported for the tests)
 from treespec.verify import adapter_for
@@ -26,7 +27,7 @@ def build(family, dtype="float32", bits=None, seed=0):
         from treespec import zoo
 
         _MODELS[key] = zoo.build(family, dtype=dtype, bits=bits, seed=seed)
-    return _MODELS[key]
+    return require_sound(_MODELS[key]) if bits else _MODELS[key]
 
 
 # -- caches -------------------------------------------------------------------

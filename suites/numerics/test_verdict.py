@@ -3,12 +3,13 @@ the end of every run, under pytest-xdist too (records travel from the
 workers with the reports), and as JSON with --verdict-json."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from suites.helpers_subprocess import project_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,8 +48,7 @@ def test_nothing_recorded():
 def run(tmp_path, *args):
     (tmp_path / "test_planted.py").write_text(PLANTED)
     out = tmp_path / "verdict.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("PYTEST_XDIST_WORKER", None)
+    env = project_env()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "suites.verdict",
            "--rootdir", str(tmp_path), "-rs", "-W", "ignore::pytest.PytestUnknownMarkWarning",
            str(tmp_path / "test_planted.py"), "--verdict-json", str(out), *args]

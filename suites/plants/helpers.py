@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from suites.helpers_numerics import require_sound
 from suites.rollback.helpers_caches import BUSH
 from suites.rollback.helpers_models import rounds_then_decode
 from suites.verify import helpers as verify_helpers
@@ -44,7 +45,8 @@ def sized(family: str = "llama", head_dim: int = 64, bits: Optional[int] = None,
         over["query_pre_attn_scalar"] = head_dim
         if window:
             over["sliding_window"] = window
-    return zoo.build(family, "float32", bits, group_size=group, overrides=over)
+    model = zoo.build(family, "float32", bits, group_size=group, overrides=over)
+    return require_sound(model) if bits else model
 
 
 def tree(n: int, seed: int) -> DraftTree:

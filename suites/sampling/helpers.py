@@ -146,6 +146,13 @@ def simulate(P, Q, branching, n, seed, rule=verify_children, drafting="wor",
                 prev2[rr], prev1[rr] = prev1[rr], col
 
 
+# Texts per call of mlx-lm's sampler: on the H200 (MLX 0.32.4 CUDA) its
+# top-k/top-p filters over 100,000 rows at once fail to launch
+# ("cudaGraphAddKernelNode ... invalid argument"); CUDA caps a launch's
+# second and third grid dimensions at 65,535.
+ROWS_PER_CALL = 50_000
+
+
 def plain_mlx(sampling: Sampling, n, seed, length=LENGTH, table_seed=0):
     """Plain sampling with mlx-lm itself: ``make_sampler`` on the raw target
     logits, normalised as ``generate_step`` does, ``n`` texts at once."""
@@ -160,7 +167,8 @@ def plain_mlx(sampling: Sampling, n, seed, length=LENGTH, table_seed=0):
     for j in range(length):
         logits = mx.array(zp[ctx(a, b)])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        t = np.array(sampler(logprobs)).astype(np.int64)
+        t = np.concatenate([np.array(sampler(logprobs[i:i + ROWS_PER_CALL]))
+                            for i in range(0, n, ROWS_PER_CALL)]).astype(np.int64)
         out[:, j] = t
         a, b = b, t
     return out

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from suites.helpers_numerics import judged, model_label
+from suites.helpers_numerics import judged, model_label, require_sound
 from suites.verdict import VERIFY, expect
 from treespec import caches, numerics, zoo
 from treespec.audit.states import CacheMode, History as Replayed, classic, clone, fingerprint, keys_rotated
@@ -51,8 +51,16 @@ def config_id(cfg) -> str:
     return f"{family}-{dtype}" + (f"-q{bits}" if bits else "") + kv
 
 
-@lru_cache(maxsize=None)
 def model(family: str, dtype: str = "float32", bits: Optional[int] = None):
+    """The zoo model, built once per process; a quantized one only where this
+    backend computes its products soundly (else the test is skipped,
+    inconclusive: suites.helpers_numerics.require_sound)."""
+    m = _built(family, dtype, bits)
+    return require_sound(m) if bits else m
+
+
+@lru_cache(maxsize=None)
+def _built(family: str, dtype: str, bits: Optional[int]):
     return zoo.build(family, dtype, bits)
 
 

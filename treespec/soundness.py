@@ -1,0 +1,145 @@
+"""Does this backend compute a model's quantized products soundly at the
+widths a verify multiplies with? A precondition of every numeric verdict,
+measured on MLX alone (no treespec code, no mlx-lm forward).
+
+An envelope (treespec.numerics) is the backend's dependence on the number of
+tokens, and presumes the backend computes one product the same way every
+time. MLX 0.32.4's CUDA backend does not, for the small quantized matrices
+of the suite's zoo models: the same ``quantized_matmul`` call returns
+different values, or inf, from one call to the next at 5 rows of a 64-wide
+4-bit matrix (results/h200-exactness/). There no comparison can separate a
+tree defect from the kernel, and what the suites would report (an infinite
+difference "where the backend is bit-exact") would be the kernel's fault,
+not treespec's. So a model whose products fail this probe gets no verdict:
+inconclusive, with the fault named (treespec.verdicts.judge), and the gate
+declines speculation on it (treespec.gate.decide).
+
+A product is **sound** at ``rows`` when ``REPEATS`` identical calls, each
+evaluated on its own, raise nothing, are bit-identical to each other, are
+finite, and lie within ``SLACK`` x the worst-case rounding of the matrix of
+its own dequantized weights (|x| @ |W|^T per element: what any summation
+order of the dot products in any of MLX's float dtypes stays well inside).
+The probe uses the model's own packed weights, scales and biases, one module
+per distinct (shape, bits, group, mode, dtype). What it does not probe: a
+quantized KV cache's attention products (``quantized_scaled_dot_product_attention``);
+where those raise, the gate's probe declines with the error, and the suites
+attribute the error to MLX (suites/backend.py).
+"""
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+__all__ = ["REPEATS", "ROWS", "SLACK", "Fault", "faults", "quantized_modules"]
+
+# Widths probed by default, in the order probed (the first fault ends the
+# probe): 5 rows first, where the H200 showed its faults, then the suite's
+# tree and chain widths, an EAGLE-sized tree's 33 (past 32 rows MLX's CPU
+# switches GEMM paths), one row last. On CUDA every new shape compiles its
+# kernel (about a second each on the H200), so the list is short.
+ROWS = (5, 2, 9, 13, 17, 33, 1)
+REPEATS = 3
+SLACK = 2.0 ** -5  # x sum |x||w|: half precision's own rounding is 2^-8 of it
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One unsound product: where, and what was wrong."""
+
+    shape: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"quantized_matmul {self.shape}: {self.what}" if self.shape else self.what
+
+
+def quantized_modules(model: nn.Module) -> List[nn.Module]:
+    """One quantized module (QuantizedLinear, QuantizedEmbedding, or any
+    module holding packed ``weight``/``scales`` with ``bits`` and
+    ``group_size``) per distinct (weight shape, bits, group, mode, dtype)."""
+    out: Dict[tuple, nn.Module] = {}
+    for _, m in model.named_modules():
+        if not hasattr(m, "bits") or not hasattr(m, "group_size") or "scales" not in m:
+            continue
+        w, s = m["weight"], m["scales"]
+        if w.ndim != 2:  # stacked experts run through gather_qmm, not probed here
+            continue
+        key = (tuple(w.shape), m.bits, m.group_size, getattr(m, "mode", "affine"), s.dtype)
+        out.setdefault(key, m)
+    return list(out.values())
+
+
+def _product(m, x):
+    return mx.quantized_matmul(x, m["weight"], scales=m["scales"], biases=m.get("biases"),
+                               transpose=True, group_size=m.group_size, bits=m.bits,
+                               mode=getattr(m, "mode", "affine"))
+
+
+def _dequantized(m) -> mx.array:
+    return mx.dequantize(m["weight"], m["scales"], m.get("biases"), group_size=m.group_size,
+                         bits=m.bits, mode=getattr(m, "mode", "affine")).astype(mx.float32)
+
+
+def _probe(m, rows: int) -> str:
+    """What is wrong with ``m``'s product at ``rows`` rows ('' if sound)."""
+    dtype = m["scales"].dtype
+    w = _dequantized(m)
+    x = mx.random.normal((1, rows, w.shape[1]), key=mx.random.key(rows)).astype(dtype)
+    mx.eval(x, w)
+    runs = []
+    for _ in range(REPEATS):
+        try:
+            y = _product(m, x)
+            mx.eval(y)
+        except (RuntimeError, ValueError) as e:
+            return f"raises {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        runs.append(y.astype(mx.float32))
+    if not all(mx.isfinite(r).all().item() for r in runs):
+        return f"not finite ({REPEATS} calls on finite inputs)"
+    spread = max(mx.max(mx.abs(runs[0] - r)).item() for r in runs[1:])
+    if spread:
+        return f"not repeatable: identical calls differ by up to {spread:.3g}"
+    xf = x.astype(mx.float32)
+    err = mx.abs(runs[0] - xf @ w.T)
+    scale = mx.abs(xf) @ mx.abs(w).T
+    excess = mx.max(err - SLACK * scale).item()
+    if excess > 0:
+        worst = mx.max(err).item()
+        return (f"off its own dequantized product by up to {worst:.3g}, beyond {SLACK:g} x "
+                f"sum |x||w| (any summation order's rounding stays far inside)")
+    return ""
+
+
+_MEMO: Dict[tuple, str] = {}
+
+
+def _shape(m, rows: int) -> str:
+    w = m["weight"]
+    cols = w.shape[1] * 32 // m.bits
+    mode = getattr(m, "mode", "affine")
+    return (f"at {rows} rows x {cols} -> {w.shape[0]}, {m.bits}-bit group {m.group_size} "
+            f"{mode}, {str(m['scales'].dtype).removeprefix('mlx.core.')}")
+
+
+def faults(model: nn.Module, rows: Iterable[int] = ROWS, every: bool = False) -> Tuple[Fault, ...]:
+    """The unsound products of ``model``'s quantized modules at ``rows``
+    (in that order): the first found, or with ``every`` all of them; () for
+    a model with none, or on a sound backend. Memoized per (device, weight
+    shape, bits, group, mode, dtype, rows): a property of the backend's
+    kernel at that shape."""
+    found: List[Fault] = []
+    device = str(mx.default_device())
+    order = list(dict.fromkeys(int(r) for r in rows if int(r) >= 1))
+    for r in order:
+        for m in quantized_modules(model):
+            key = (device, tuple(m["weight"].shape), m.bits, m.group_size,
+                   getattr(m, "mode", "affine"), str(m["scales"].dtype), r)
+            if key not in _MEMO:
+                _MEMO[key] = _probe(m, r)
+            if _MEMO[key]:
+                found.append(Fault(_shape(m, r), _MEMO[key]))
+                if not every:
+                    return tuple(found)
+    return tuple(found)
