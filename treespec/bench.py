@@ -37,6 +37,7 @@ processes on a busy machine.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ from .bench_report import EXACT, summarize
 from .decode import decode
 from .draft import ChainDrafter, FixedTreeDrafter, fixed_shape, make_drafter, shape_name
 from .flags import parse_blocks, parse_trees  # noqa: F401  (bench's flag values)
-from .gate import DRAWS, Decision, compare_shape, configuration
+from .gate import DRAWS, Decision, compare_shape, configuration, unsound_decision, worst_diff
 
 
 
@@ -252,6 +253,9 @@ class SharedProbe:
         self._config = {}
 
     def __call__(self, model, shapes, allow_inexact: bool = False):
+        unsound = unsound_decision(model, shapes)
+        if unsound is not None:
+            return unsound
         key = id(model)
         if key not in self._config:
             self._config[key] = configuration(model)
@@ -266,7 +270,7 @@ class SharedProbe:
         if not bad:
             return Decision(True, True, f"probe passed: {len(got)} shapes bit-identical to "
                             f"single-token steps ({where})")
-        worst = max(r.max_abs_diff for r in bad)
+        worst = functools.reduce(worst_diff, (r.max_abs_diff for r in bad))
         flips = sum(r.argmax_flips for r in bad)
         what = (f"{len(bad)} of {len(got)} shapes differ from single-token steps (max |diff| "
                 f"{worst:.3g}, {flips} argmax flips; first at M={bad[0].m}) on {where}, "

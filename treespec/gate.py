@@ -54,7 +54,7 @@ CONTEXT = 24
 MAX_PROBE_NODES = MAX_DRAFT_NODES + 1  # the root and the most draft nodes decode accepts
 
 
-def _worst(a: float, b: float) -> float:
+def worst_diff(a: float, b: float) -> float:
     """The larger difference, NaN if either is (max() would drop a NaN)."""
     return a if math.isnan(a) else b if math.isnan(b) else max(a, b)
 
@@ -96,7 +96,7 @@ class Probe:
     def max_abs_diff(self) -> float:
         worst = 0.0
         for s in self.shapes:
-            worst = _worst(worst, s.max_abs_diff)
+            worst = worst_diff(worst, s.max_abs_diff)
         return worst
 
     @property
@@ -264,7 +264,7 @@ class _Tally:
             self.first = i if self.first is None else min(self.first, i)
             # NaN when either side has a NaN: reported as such, never as 0.
             diff = mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).item()
-            self.worst = _worst(self.worst, diff)
+            self.worst = worst_diff(self.worst, diff)
             self.flips += int(mx.argmax(a).item() != mx.argmax(b).item())
 
     def result(self, shape, draws) -> ShapeResult:
@@ -384,6 +384,18 @@ class Decision:
                 "probe_memo": p.memo if p else None}
 
 
+def unsound_decision(model, shapes) -> Optional[Decision]:
+    """The decline, before any probe, of a model whose quantized products are
+    unsound on this backend at the shapes' widths (treespec.soundness); None
+    where they are sound."""
+    unsound = kernel_faults(model, sorted({1, *(len(s) for s in shapes)}))
+    if not unsound:
+        return None
+    return Decision(False, False, "declined to classic decode: this backend computes the model's "
+                    "quantized products unsoundly, so no probe can measure a verify against them "
+                    f"({'; '.join(map(str, unsound))})")
+
+
 def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapter=None,
            adapter_name: str = ADAPTER, cache=None) -> Decision:
     """Run / decline from ``probe`` (``cache``: the cache mode, as there).
@@ -391,12 +403,9 @@ def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapt
     measured) where the model's quantized products are unsound on this
     backend (treespec.soundness), and where the backend cannot run the
     probe's forwards at all in this cache mode (an MLX error, quoted)."""
-    widths = sorted({1, *(len(s) for s in shapes)})
-    unsound = kernel_faults(model, widths)
-    if unsound:
-        return Decision(False, False, "declined to classic decode: this backend computes the "
-                        "model's quantized products unsoundly, so no probe can measure a verify "
-                        f"against them ({'; '.join(map(str, unsound))})")
+    unsound = unsound_decision(model, shapes)
+    if unsound is not None:
+        return unsound
     try:
         p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name, cache=cache)
     except RuntimeError as e:  # MLX's own: a kernel this backend lacks, a failed launch
