@@ -1,12 +1,20 @@
 """The gate's memo is keyed by the weights' content: an in-place edit of a
 weight array (``w[0] = 0``, the same array object) gives a new key, so the
-probe measures again instead of reusing the old verdict."""
+probe measures again instead of reusing the old verdict.
+
+Where the regime is exact the verdict before the edit passes and the one
+after it fails. Elsewhere the first may already decline (CUDA, in every
+dtype): then the new measurement shows in the probe itself, a new key and
+the NaN of the edited weights, and the decline is recorded as the verdict."""
 
 import math
 
 import mlx.core as mx
 import pytest
 
+from suites.helpers_gate import gate_verdict
+from suites.helpers_numerics import model_label
+from suites.verdict import GATE, expect
 from treespec import zoo
 from treespec.gate import configuration, decide
 
@@ -38,8 +46,16 @@ def test_an_in_place_weight_edit_changes_the_weights_digest():
 
 def test_the_gate_measures_again_after_an_in_place_weight_edit():
     model = zoo.build("llama", "bfloat16")  # exact on both CPU regimes
-    assert decide(model, SHAPES).exact
+    before = decide(model, SHAPES)
+    verdict = gate_verdict(before.summary())  # exact regimes: it passes
+    label = model_label(model)
     w = model.model.embed_tokens.weight
     w[:] = math.nan  # every logit NaN: a verdict measured now cannot pass
     decision = decide(model, SHAPES)
     assert not decision.run and not decision.exact, decision.reason
+    if not before.exact:
+        # A verdict reused from before the edit would decline as well: the
+        # probe shows it measured the edited weights.
+        assert decision.probe.key != before.probe.key, decision.reason
+        assert math.isnan(decision.probe.max_abs_diff), decision.reason
+    expect(verdict, GATE, *label)

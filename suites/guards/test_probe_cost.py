@@ -3,12 +3,20 @@ max_tokens tokens verifies trees of at most max_tokens nodes, so only those
 are probed; its single-token references step each node once (not once per
 leaf below it, each leaf from a fresh prefill); a tree over the stated
 maximum is refused by name before anything runs. Counted in forwards of the
-target, never timed."""
+target, never timed.
+
+The counts hold on every backend. Where the regime is exact the probe also
+passes (bfloat16 llama); elsewhere it may find differences (CUDA, in every
+dtype) and the gate declines: recorded as the verdict, with its reason
+(suites/helpers_gate.py)."""
 
 import pytest
 
 from suites.guards import helpers
 from suites.guards.helpers import counted
+from suites.helpers_gate import gate_verdict
+from suites.helpers_numerics import model_label
+from suites.verdict import GATE, expect
 from treespec import gate, zoo
 from treespec.decode import decode
 from treespec.draft import FixedTreeDrafter
@@ -22,7 +30,7 @@ STAR = [40]  # 40 children of the root: the shape that took 37 s for 4 tokens
 def test_a_short_run_probes_only_the_trees_it_can_verify():
     max_tokens = 4
     # Its own instance (a layer is wrapped); bfloat16, which the probe finds
-    # exact on both CPU regimes (OpenBLAS float32 declines).
+    # exact on both CPU regimes (OpenBLAS float32 declines; CUDA bfloat16 too).
     target = zoo.build("llama", "bfloat16")
     # At most 2 * max_tokens shapes (chains and prefixes of <= max_tokens
     # nodes), each per draw: one prefill, one verify, one step per node;
@@ -31,8 +39,10 @@ def test_a_short_run_probes_only_the_trees_it_can_verify():
     counter = counted(target, budget=bound)
     result = decode(target, helpers.prompt(8), mode="tree", draft_model=helpers.drafter(),
                     branching=STAR, max_tokens=max_tokens)
-    assert len(result.tokens) == max_tokens and result.stats.gate["run"]
+    assert len(result.tokens) == max_tokens
+    verdict = gate_verdict(result.stats.gate, result.stats.mode, "tree")  # exact regimes: it ran
     assert counter.calls <= bound
+    expect(verdict, GATE, *model_label(target))
 
 
 def test_the_probe_steps_each_node_once_per_shape_and_draw():
@@ -44,8 +54,14 @@ def test_the_probe_steps_each_node_once_per_shape_and_draw():
     bound = gate.DRAWS * sum(2 + len(s) for s in distinct) + 2
     counter = counted(target, budget=bound)
     p = gate.probe(target, shapes)
-    assert [s.shape for s in p.shapes] == [tuple(s) for s in shapes] and p.identical
+    assert [s.shape for s in p.shapes] == [tuple(s) for s in shapes]
+    # The decision on this probe (memoized: no forward more); exact regimes:
+    # every shape identical.
+    decision = gate.decide(target, shapes)
+    assert decision.probe is p
+    verdict = gate_verdict(decision.summary())
     assert counter.calls <= bound
+    expect(verdict, GATE, *model_label(target))
 
 
 def test_a_tree_past_the_probe_maximum_is_refused_before_any_forward():
