@@ -8,7 +8,6 @@ never silently: the audit's verdict is the test's (suites/audit/helpers.py), an 
 one a skip carrying the figures, after everything that holds on every backend was checked."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 from suites.audit.helpers import assert_numeric_row, line, rows_verdict
 from suites.audit.helpers_defects import DEFECTS
 from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_subprocess import project_env
 from suites.verdict import AUDIT, expect, record
 from treespec import audit, cli, numerics, zoo
 from treespec.blas import regime
@@ -27,10 +27,7 @@ from treespec.blas import regime
 pytestmark = pytest.mark.exactness
 
 ROOT = Path(__file__).resolve().parents[2]
-# The child sees this checkout first, then whatever the parent's PYTHONPATH
-# held (a device's MLX may live there), never instead of it.
-CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
-    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+CHILD_ENV = project_env()  # this checkout first, then the parent's PYTHONPATH
 
 
 def run_json(capsys, *args):
