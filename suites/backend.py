@@ -27,10 +27,27 @@ _NO_KERNEL = re.compile(
     r"mode: \"(\w+)\"")
 
 
+STEP = 256  # mlx-lm's QuantizedKVCache grows its buffers by this many rows
+
+
+def _layouts(rows: int, cols: int, inner: int, batch: int, transpose: bool):
+    """(x shape, w buffer shape, rows of the buffer used) for every way the
+    problem shape can reach the kernel: a plain batch; w a slice of a cache
+    buffer (as QuantizedKVCache hands out its keys); and mlx-lm's grouped-query
+    broadcast (queries as kv heads x repeats, keys with a unit repeat axis)."""
+    buffer = -(-cols // STEP) * STEP
+    w = (lambda lead, n: (*lead, n, inner)) if transpose else (lambda lead, n: (*lead, inner, n))
+    yield (batch, rows, inner), w((batch,), cols), cols
+    yield (batch, rows, inner), w((batch,), buffer), cols
+    for kv in (d for d in range(1, batch + 1) if batch % d == 0):
+        yield (1, kv, batch // kv, rows, inner), w((1, kv, 1), buffer), cols
+
+
 def reproduce(message: str) -> Optional[str]:
     """MLX's own error when ``quantized_matmul`` alone, at the problem shape
-    ``message`` names (rows x cols x inner x batch), raises it too; None when
-    the message names no such shape or the primitive alone runs."""
+    ``message`` names (rows x cols x inner x batch) in one of the layouts it
+    can arrive in (:func:`_layouts`), raises it too; None when the message
+    names no such shape or the primitive alone runs in every layout."""
     m = _NO_KERNEL.search(message)
     if m is None:
         return None
@@ -41,18 +58,19 @@ def reproduce(message: str) -> Optional[str]:
         return None
     transpose = transpose == "true"
     key = mx.random.key(0)
-    x = mx.random.normal((batch, rows, inner), key=key).astype(dtype)
-    w = mx.random.normal((batch, cols, inner) if transpose else (batch, inner, cols),
-                         key=key).astype(dtype)
-    try:
-        q = mx.quantize(w, group_size=group, bits=bits, mode=mode)
-        mx.eval(x, q)
-        mx.eval(mx.quantized_matmul(x, *q, transpose=transpose, group_size=group, bits=bits,
-                                    mode=mode))
-    except RuntimeError as e:
-        if "No implementation" in str(e):
-            return str(e).splitlines()[0]
-        return None
+    for xs, ws, used in _layouts(rows, cols, inner, batch, transpose):
+        x = mx.random.normal(xs, key=key).astype(dtype)
+        try:
+            q = mx.quantize(mx.random.normal(ws, key=key).astype(dtype), group_size=group,
+                            bits=bits, mode=mode)
+            # the used rows of the buffer: a strided view, as a cache's keys are
+            q = [a[..., :used, :] if transpose else a for a in q]
+            mx.eval(x, q)
+            mx.eval(mx.quantized_matmul(x, *q, transpose=transpose, group_size=group,
+                                        bits=bits, mode=mode))
+        except RuntimeError as e:
+            if "No implementation" in str(e):
+                return str(e).splitlines()[0]
     return None
 
 

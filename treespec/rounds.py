@@ -84,7 +84,8 @@ _WARNED = set()
 
 def _warn_once(decision):
     """Loud, on stderr, once per probed configuration and verdict."""
-    key = (decision.probe.key, decision.run)
+    # A decline before any probe (unsound kernels, a missing one) has no probe key.
+    key = (decision.probe.key if decision.probe is not None else decision.reason, decision.run)
     if key not in _WARNED:
         _WARNED.add(key)
         print(f"treespec: exactness gate: {decision.reason}", file=sys.stderr)
@@ -101,7 +102,7 @@ def gate_decision(target, shapes, kv: KVOptions, prompt_len: int, max_tokens: in
     decision = next((d for d in decisions if not d.run),
                     next((d for d in decisions if not d.exact), decisions[0]))
     summary = decision.summary()
-    summary["probe_seconds"] = sum(d.probe.seconds for d in decisions)
+    summary["probe_seconds"] = sum(d.probe.seconds for d in decisions if d.probe is not None)
     if len(decisions) > 1:
         summary["cache_modes_probed"] = len(decisions)
     return decision, summary

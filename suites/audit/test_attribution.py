@@ -13,8 +13,9 @@ from mlx_lm.models.cache import QuantizedKVCache
 
 from suites.audit.helpers import assert_numeric_row, rows_verdict
 from suites.families.helpers import build
-from suites.helpers_numerics import model_label
+from suites.helpers_numerics import EXACT_REGIMES, model_label
 from suites.verdict import AUDIT, record
+from treespec.blas import regime
 from treespec.audit import runner
 from treespec.audit.records import FAIL, SKIP
 from treespec.audit.states import cache_modes, histories, plain, replay
@@ -72,7 +73,17 @@ def test_a_treespec_crash_in_one_mode_fails_that_row_only():
     report = runner.run(s, ("tree-verify",))
     got = rows(report)
     assert_numeric_row(got["tree-verify[native]"])  # exact regimes: PASS
-    crashed = [r for name, r in got.items() if name != "tree-verify[native]"]
-    assert crashed and all(r.status == FAIL and "planted" in r.detail for r in crashed)
+    others = [r for name, r in got.items() if name != "tree-verify[native]"]
+    # Where mlx-lm alone cannot run a quantized KV mode on this backend (the
+    # H200: no quantized_matmul kernel for it), that row says so; never on an
+    # exact regime, where mlx-lm runs every mode of this model.
+    alone = [r for r in others if r.status == SKIP and (r.first_failure or {}).get("mlx_lm_alone")]
+    if regime() in EXACT_REGIMES:
+        assert not alone, [r.line() for r in alone]
+    crashed = [r for r in others if r not in alone]
+    assert all(r.status == FAIL and "planted" in r.detail for r in crashed), [r.line() for r in crashed]
     assert not any("mlx-lm alone" in r.detail for r in crashed)
+    if not crashed:
+        pytest.skip(f"mlx-lm alone fails in every quantized KV mode on {regime()}: "
+                    f"{alone[0].detail[:200]}")
     record(rows_verdict([got["tree-verify[native]"]]), AUDIT, *model_label(model))

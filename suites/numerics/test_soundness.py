@@ -27,18 +27,28 @@ REAL = mx.quantized_matmul
 WIDTHS = (1, 2, 5, 9)
 
 
+def SOUND(x, w, scales=None, biases=None, transpose=True, group_size=None, bits=None,
+          mode="affine"):
+    """A quantized product every backend computes soundly (a plain matmul of
+    the dequantized weights): the base the faults are planted on, so that a
+    backend whose own kernel is unsound (the H200's) still shows each plant
+    alone."""
+    w = mx.dequantize(w, scales, biases, group_size=group_size, bits=bits, mode=mode)
+    return x @ (w.swapaxes(-1, -2) if transpose else w)
+
+
 def _rows(x) -> int:
     return x.shape[-2] if x.ndim > 1 else 1
 
 
 PLANTS = {
     # identical calls at more than one row differ (what the H200 showed at 5 rows)
-    "not repeatable": lambda x, *a, **k: REAL(x, *a, **k) + (
-        1e-3 * mx.random.normal(REAL(x, *a, **k).shape) if _rows(x) > 1 else 0),
-    "not finite": lambda x, *a, **k: REAL(x, *a, **k) / (0.0 if _rows(x) == 5 else 1.0),
-    "off its own dequantized product": lambda x, *a, **k: REAL(x, *a, **k) + (
+    "not repeatable": lambda x, *a, **k: SOUND(x, *a, **k) + (
+        1e-3 * mx.random.normal(SOUND(x, *a, **k).shape) if _rows(x) > 1 else 0),
+    "not finite": lambda x, *a, **k: SOUND(x, *a, **k) / (0.0 if _rows(x) == 5 else 1.0),
+    "off its own dequantized product": lambda x, *a, **k: SOUND(x, *a, **k) + (
         3.0 if _rows(x) == 9 else 0.0),
-    "raises": lambda x, *a, **k: REAL(x, *a, **k) if _rows(x) == 1 else (_ for _ in ()).throw(
+    "raises": lambda x, *a, **k: SOUND(x, *a, **k) if _rows(x) == 1 else (_ for _ in ()).throw(
         RuntimeError("[quantized_matmul] No implementation for problem shape: planted")),
 }
 
@@ -134,8 +144,8 @@ def test_a_missing_kernel_is_reproduced_on_mlx_alone_before_it_is_blamed_on_the_
     assert backend.reproduce(msg) is None  # this CPU has the kernel: the failure stays a failure
     assert backend.reproduce("some other RuntimeError") is None
 
-    def missing(x, *a, **k):
-        if x.shape == (4, 5, 32):
+    def missing(x, *a, **k):  # only mlx-lm's grouped-query layout: 2 kv heads x 2 repeats
+        if x.shape == (1, 2, 2, 5, 32):
             raise RuntimeError(msg)
         return REAL(x, *a, **k)
     monkeypatch.setattr(mx, "quantized_matmul", missing)

@@ -21,9 +21,10 @@ import pytest
 
 from suites.plants import helpers as P
 from suites.planted import DECLINED, PLANTS
-from suites.verdict import unrecorded
+from suites.verdict import EXACT_REGIMES, unrecorded
 from suites.verify import helpers as verify_helpers
 from treespec import numerics
+from treespec.blas import regime
 
 pytestmark = pytest.mark.exactness
 
@@ -124,6 +125,10 @@ def _unplanted(check: Check) -> str:
         before = check.run()
     if check.gate and before in (P.DECLINED, numerics.DECLINED):
         pytest.skip(f"{check.name}: the gate declines here unplanted already; nothing to show")
+    if before == numerics.INCONCLUSIVE and regime() not in EXACT_REGIMES:
+        # The unplanted check cannot tell a defect from this backend (its
+        # controls do not separate): no plant can be shown caught or missed.
+        pytest.skip(f"{check.name}: inconclusive unplanted on {regime()}; nothing to show")
     assert before in P.OK + (P.RUNS,), f"{check.name} is not green unplanted: {before}"
     return before
 
