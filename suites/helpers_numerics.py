@@ -76,7 +76,8 @@ def require_sound(model, widths: Sequence[int] = soundness.ROWS, label: Optional
     """``model``, once its quantized products are sound on this backend at
     ``widths`` (treespec.soundness); else no test of it can give a verdict:
     recorded inconclusive under SOUND, naming the faults, and the test
-    skipped (a FAIL on an exact regime). Returns the model."""
+    skipped (a FAIL on an exact regime). Returns the model (one without
+    quantized products passes as it is)."""
     found = soundness.faults(model, widths)
     if found:
         family, dtype = label or model_label(model)

@@ -9,8 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def project_env(**extra: str) -> dict:
-    env = {**os.environ, **extra}
+def project_env(*drop: str, **extra) -> dict:
+    """This environment without ``drop`` (names), with ``extra`` (a None
+    value sets nothing), the project first on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k not in drop and k != "PYTEST_XDIST_WORKER"}
+    env.update({k: v for k, v in extra.items() if v is not None})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env.pop("PYTEST_XDIST_WORKER", None)
     return env

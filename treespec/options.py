@@ -156,6 +156,8 @@ class KVOptions:
                               "a RotatingKVCache (its to_quantized is not implemented)")
 
     def describe(self) -> dict:
+        """The options given, as mlx-lm's ``generate_step`` takes them (its
+        keyword arguments; the group size and start resolved)."""
         out = {}
         if self.max_kv_size is not None:
             out["max_kv_size"] = self.max_kv_size

@@ -63,14 +63,8 @@ def classic(target, prompt: Sequence[int], max_tokens: int, eos_token_ids=None,
     eos, out = eos_set(eos_token_ids), []
     t0 = time.perf_counter()
     sampler = sampler or (lambda lp: mx.argmax(lp, axis=-1))
-    kw = {}
-    if kv.max_kv_size is not None:
-        kw["max_kv_size"] = kv.max_kv_size
-    if kv.kv_bits is not None:
-        kw.update(kv_bits=kv.kv_bits, kv_group_size=kv.group_size,
-                  quantized_kv_start=kv.start)
     for tok, _ in generate_step(mx.array(prompt), target, max_tokens=max_tokens,
-                                sampler=sampler, **kw):
+                                sampler=sampler, **kv.describe()):
         out.append(int(tok))
         if out[-1] in eos:
             break

@@ -147,8 +147,9 @@ def faults(model: nn.Module, rows: Iterable[int] = ROWS, every: bool = False) ->
     found: List[Fault] = []
     device = str(mx.default_device())
     order = list(dict.fromkeys(int(r) for r in rows if int(r) >= 1))
+    modules = quantized_modules(model)
     for r in order:
-        for m in quantized_modules(model):
+        for m in modules:
             key = (device, tuple(m["weight"].shape), m.bits, m.group_size,
                    getattr(m, "mode", "affine"), str(m["scales"].dtype), r)
             if key not in _MEMO:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from suites.helpers_subprocess import project_env
 from treespec import blas
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,10 +37,7 @@ REPORT = (
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas.REEXEC_ENV, blas.OPENBLAS_ENV)}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.update({k: v for k, v in extra.items() if v is not None})
-    return env
+    return project_env("LD_PRELOAD", blas.REEXEC_ENV, blas.OPENBLAS_ENV, **extra)
 
 
 def _run(call="detect()", **extra):

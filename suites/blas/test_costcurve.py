@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from suites.helpers_subprocess import project_env
 from treespec import blas
 from treespec.costcurve import build_llama, stepwise_exactness, verify_cost_curve
 
@@ -59,9 +60,7 @@ def test_reference_blas_forward_over_T_equals_T_single_steps():
         "    assert not bad, (bits, bad)\n"
         "print('OK')\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != blas.REEXEC_ENV}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=project_env(blas.REEXEC_ENV),
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr
 

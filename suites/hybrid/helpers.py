@@ -27,7 +27,7 @@ def build(family, dtype="float32", bits=None, seed=0):
         from treespec import zoo
 
         _MODELS[key] = zoo.build(family, dtype=dtype, bits=bits, seed=seed)
-    return require_sound(_MODELS[key]) if bits else _MODELS[key]
+    return require_sound(_MODELS[key])
 
 
 # -- caches -------------------------------------------------------------------

@@ -45,8 +45,7 @@ def sized(family: str = "llama", head_dim: int = 64, bits: Optional[int] = None,
         over["query_pre_attn_scalar"] = head_dim
         if window:
             over["sliding_window"] = window
-    model = zoo.build(family, "float32", bits, group_size=group, overrides=over)
-    return require_sound(model) if bits else model
+    return require_sound(zoo.build(family, "float32", bits, group_size=group, overrides=over))
 
 
 def tree(n: int, seed: int) -> DraftTree:

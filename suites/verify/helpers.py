@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from suites.helpers_numerics import judged, model_label, require_sound
+from suites.helpers_numerics import model_label, require_sound
 from suites.verdict import VERIFY, expect
 from treespec import caches, numerics, zoo
 from treespec.audit.states import CacheMode, History as Replayed, classic, clone, fingerprint, keys_rotated
@@ -55,8 +55,7 @@ def model(family: str, dtype: str = "float32", bits: Optional[int] = None):
     """The zoo model, built once per process; a quantized one only where this
     backend computes its products soundly (else the test is skipped,
     inconclusive: suites.helpers_numerics.require_sound)."""
-    m = _built(family, dtype, bits)
-    return require_sound(m) if bits else m
+    return require_sound(_built(family, dtype, bits))
 
 
 @lru_cache(maxsize=None)
