@@ -44,6 +44,7 @@ def failed_props(report) -> set:
 PASSING = [("llama", True), ("gemma3_text", True), ("qwen3", False), ("qwen3_next", False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,drafter", PASSING, ids=[f for f, _ in PASSING])
 def test_audit_passes_on_zoo_checkpoints(family, drafter, capsys):
     args = ["--model", zoo.checkpoint(family)]

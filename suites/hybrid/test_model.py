@@ -40,6 +40,7 @@ def _path_tokens(tree, node):
     return [tree.tokens[j] for j in tree.path_to(node)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
 @settings(max_examples=40)
 @given(tree=trees(max_nodes=24), prompt=prompts)
@@ -119,6 +120,7 @@ def test_a_flattened_tree_through_the_recurrence_is_caught(variant, tree, prompt
     assert err > 1e-3  # gross, not rounding
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
 def test_footprint_is_the_memory_the_states_hold(variant):
     model = H.build(*variant)

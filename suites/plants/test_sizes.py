@@ -53,6 +53,7 @@ def test_every_node_matches_its_root_path_past_a_realistic_sliding_window(window
     verify_sized(model, context, 40, mode=f"w{window} ctx{context}")
 
 
+@pytest.mark.slow("minutes")
 @pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_every_node_matches_its_root_path_with_quantized_weights(bits, group):
@@ -62,6 +63,7 @@ def test_every_node_matches_its_root_path_with_quantized_weights(bits, group):
 @pytest.mark.parametrize("head_dim, kv", [
     (64, (4, 32)), (64, (8, 32)), (64, (4, 64)), (64, (8, 64)), (128, (4, 128)), (128, (8, 128)),
 ], ids=lambda v: f"{v[0]}bit-g{v[1]}" if isinstance(v, tuple) else f"hd{v}")
+@pytest.mark.slow
 def test_every_node_matches_its_root_path_on_a_quantized_kv_cache(head_dim, kv):
     verify_sized(P.sized("llama", head_dim), 40, 32, kv, mode=f"hd{head_dim} g{kv[1]}")
 

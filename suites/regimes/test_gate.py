@@ -28,6 +28,7 @@ def _record(model, verdict):
     return expect(verdict, GATE, family, dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
 def test_the_probe_sees_what_the_envelope_measures(variant):
     # unsound kernels: neither the probe nor the envelope would measure anything

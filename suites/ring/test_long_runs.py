@@ -20,7 +20,7 @@ from suites.verdict import E2E, expect
 from treespec import numerics, zoo
 from treespec.decode import decode
 
-pytestmark = [pytest.mark.exactness, pytest.mark.slow]
+pytestmark = [pytest.mark.exactness, pytest.mark.slow("minutes")]
 
 TOKENS = 1500
 PROMPTS = {

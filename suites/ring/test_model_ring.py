@@ -92,6 +92,7 @@ def _phases(window):
     return sorted({0, 1, window // 2, window - 1, window, window + 1})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, dtype", WINDOWED, ids=[f"{f}-{d}" for f, d in WINDOWED])
 @pytest.mark.parametrize("shape", list(SHAPES) + ["deeper-than-window"])
 def test_a_verify_on_a_wrapped_ring_is_classic_decoding_at_every_phase(family, dtype, shape):
