@@ -1,7 +1,7 @@
 """Contract 9 beyond the zoo: tree decoding emits classic decoding's tokens, at
 temperature 0, on a family of each mechanism the sweep made verify (every
 recurrent mixer kind, the position stand-ins, cache lists, caches a layer
-never writes), with a drafter of the same family that disagrees with it
+never writes, latent attentions verified as one-token steps), with a drafter of the same family that disagrees with it
 (another seed), so rounds accept partial paths and roll the rest back."""
 
 import pytest
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.exactness
 FAMILIES = [
     "mamba", "mamba2", "falcon_h1", "rwkv7", "lfm2", "recurrent_gemma", "jamba",
     "nemotron_h", "longcat_flash_ngram", "bailing_moe_linear", "gpt2", "ministral3",
-    "nemotron-nas", "hunyuan", "qwen",
+    "nemotron-nas", "hunyuan", "qwen", "deepseek_v3",
 ]
 PROMPT = [5, 17, 3, 9]  # + 10 tokens: inside every window (16), past ministral3's scale step (8)
 

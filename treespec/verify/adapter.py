@@ -36,6 +36,7 @@ from ..models import model_type, vocab_size
 from ..tree import DraftTree
 from .attention import rope_owners, rope_refusal, tree_injected
 from .guard import restored_on_error, taking_turns
+from .per_node import one_token_attentions
 from .positions import position_inputs
 from .recurrent import RecurrentStrategy, recurrent_strategy
 from .structure import Family, structure
@@ -81,6 +82,12 @@ class TreeAdapter:
         # The modules receiving per-position values, found once (each verify
         # walks the ropes again: one may be swapped after the adapter is made).
         self._positions = position_inputs(model) if family.positions else []
+        # Attentions whose one-token step is a code path of its own: every
+        # verify of 2+ nodes, chains too, runs their nodes as one-token steps
+        # (treespec.verify.per_node).
+        # A receiver of per-position values (mistral4's attn_scale) keeps the
+        # multi-token path: its values are laid out per token, not per batch row.
+        self._one_token = one_token_attentions(model, {id(p[3]) for p in self._positions})
         self._last: Optional[_Verified] = None
         self._vocab: Optional[int] = None
 
@@ -233,7 +240,9 @@ class TreeAdapter:
         # left alone so that a wrapped RotatingKVCache takes the same in-place
         # update (and key order) as classic decoding.
         if inject is None:
-            inject = not tree.is_linear()
+            # mlx-lm's chain verify is not classic decoding where the one-token
+            # step takes its own path: chains go through the tree path there
+            inject = not tree.is_linear() or bool(self._one_token)
         inject = bool(inject) and len(tree) > 1
         # Only an injected forward needs every rope to take per-node
         # positions, so only it walks the modules for them.
@@ -305,7 +314,8 @@ class TreeAdapter:
         probe that raises if the forward bypassed them. A subclass may inject
         something else (the suites plant defects here)."""
         return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
-                             self._positions, plans=plans, ropes=ropes)
+                             self._positions, plans=plans, ropes=ropes,
+                             one_token=self._one_token if ropes else ())
 
     @taking_turns
     def commit(

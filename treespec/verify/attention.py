@@ -36,6 +36,7 @@ from ..caches import attention_caches, mode_of
 from ..mixers import set_slot
 from ..standin import StandIn
 from ..tree import DraftTree
+from .per_node import NodeSteps
 from .positions import ByDepth, position_inputs
 
 # RoPE classes whose only use of ``offset`` is to hand it to mx.fast.rope, so a
@@ -271,12 +272,15 @@ def injected(
     owners: Optional[list] = None,
     positions: Optional[list] = None,
     plans: Optional[dict] = None,
+    one_token: Sequence = (),
 ):
     """For the duration of the block: every attention cache in ``caches``
     answers ``make_mask(N, ...)`` with ``mask_fn(cache, N, window_size)``,
     every ``rope`` in ``model`` rotates token t by ``offset + depths[t]``, and
     every module receiving per-position values (treespec.verify.positions)
-    gets them re-indexed by ``depths``. ``plans`` (cache id -> its mode's
+    gets them re-indexed by ``depths``, and every attention of ``one_token``
+    (``(path, container, key, module)``, treespec.verify.per_node) runs the
+    nodes on the batch axis, the ropes inside it handed their positions. ``plans`` (cache id -> its mode's
     verify plan, a ring layout) also replace those caches'
     ``update_and_fetch`` with the plan's.
 
@@ -325,7 +329,14 @@ def injected(
             rope_positions = {}  # offset -> node positions, shared by this forward's ropes
             if owners is None:
                 owners = rope_owners(model, rope_attr)
-            for _, owner in owners:
+            for _, container, key, module in one_token:
+                stand_in = NodeSteps(module, depths)
+                set_slot(container, key, stand_in)
+                stand_ins.append((container, key, module, stand_in))
+            inside = tuple(path for path, *_ in one_token)
+            for name, owner in owners:
+                if any(name == p or name.startswith(p + ".") for p in inside):
+                    continue  # its rope gets the positions from NodeSteps
                 wrapper = TreeRoPE(owner[rope_attr], depths, rope_positions)
                 saved.append((owner, rope_attr, owner[rope_attr]))
                 setattr(owner, rope_attr, wrapper)
@@ -372,6 +383,7 @@ def tree_injected(
     ropes: bool = True,
     depths=None,
     mask_fn: Optional[MaskFn] = None,
+    one_token: Sequence = (),
 ):
     """:func:`injected` with the tree's depths and masks, for a forward over
     the nodes ``start..n-1`` (the cache already holding nodes 0..start-1).
@@ -388,7 +400,7 @@ def tree_injected(
     if mask_fn is None:
         mask_fn = lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start, plans)
     return injected(model, caches, depths if ropes else None, mask_fn, rope_attr, owners,
-                    positions, plans)
+                    positions, plans, one_token)
 
 
 def _checked_tree_mask(cache, tree, N, window, start, plans):
