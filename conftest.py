@@ -80,6 +80,11 @@ def _choose_blas(config):
 
 def pytest_configure(config):
     _choose_blas(config)
+    # xdist hands out two tests at a time in the scheduled order (see
+    # pytest_collection_modifyitems) unless told otherwise; set here, not in
+    # addopts, so a run with ``-p no:xdist`` still parses its command line.
+    if getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
     config.addinivalue_line(
         "markers", "exactness: checks one of the ten exactness contracts (the CI gate)"
     )
@@ -107,7 +112,7 @@ def _schedule_rank(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     """The longest tests first, each paired with a merely slow one, then the
-    rest: xdist (pyproject: ``--maxschedchunk=1``) hands each worker two
+    rest: xdist (``--maxschedchunk=1``, set in pytest_configure) hands each worker two
     tests at a time in this order, so every worker starts on one of the
     longest instead of one worker getting them all (xdist's default first
     batch is 1/32 of the collection per worker) and the run ending with every
