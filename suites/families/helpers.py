@@ -28,8 +28,8 @@ families built on it) takes a code path of its own for one token (its
 forward's there: for those models the reference steps the whole model one
 token at a time, as classic decoding does, and treespec verifies their
 nodes as one-token steps (treespec.verify.per_node). Where it keeps the
-multi-token path (an attention that selects its keys, or takes per-position
-scales: deepseek_v32, glm_moe_dsa, mistral4) every row must instead equal
+multi-token path (an attention that selects its keys: deepseek_v32,
+glm_moe_dsa) every row must instead equal
 mlx-lm's multi-token forward over the node's root path, and that forward
 must itself differ from the steps (mlx-lm disagreeing with itself, measured
 in the same run): verdict MULTI_TOKEN, pinned per family by the test.

@@ -49,7 +49,6 @@ REFUSED = {
 MULTI_TOKEN = {
     "deepseek_v32": "selects its keys (indexer top-k)",
     "glm_moe_dsa": "selects its keys (indexer top-k)",
-    "mistral4": "takes per-position query scales",
 }
 # mlx-lm itself cannot run these here: not counted either way.
 CANNOT_RUN = {

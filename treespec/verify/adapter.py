@@ -85,9 +85,7 @@ class TreeAdapter:
         # Attentions whose one-token step is a code path of its own: every
         # verify of 2+ nodes, chains too, runs their nodes as one-token steps
         # (treespec.verify.per_node).
-        # A receiver of per-position values (mistral4's attn_scale) keeps the
-        # multi-token path: its values are laid out per token, not per batch row.
-        self._one_token = one_token_attentions(model, {id(p[3]) for p in self._positions})
+        self._one_token = one_token_attentions(model)
         self._last: Optional[_Verified] = None
         self._vocab: Optional[int] = None
 

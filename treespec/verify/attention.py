@@ -15,6 +15,7 @@ a *reason* (``None`` when fine), and everything about a cache by its entry in
 ``treespec.caches``, so the adapter can refuse before any cache is written.
 """
 
+import inspect
 import threading
 from contextlib import contextmanager
 from typing import Callable, Optional, Sequence
@@ -329,10 +330,15 @@ def injected(
             rope_positions = {}  # offset -> node positions, shared by this forward's ropes
             if owners is None:
                 owners = rope_owners(model, rope_attr)
+            if positions is None:
+                positions = position_inputs(model)
+            per_token = {id(p[3]): (p[4], p[5]) for p in positions}
+            node_steps = {}
             for _, container, key, module in one_token:
-                stand_in = NodeSteps(module, depths)
+                stand_in = NodeSteps(module, depths, per_token.get(id(module)))
                 set_slot(container, key, stand_in)
                 stand_ins.append((container, key, module, stand_in))
+                node_steps[id(module)] = stand_in
             inside = tuple(path for path, *_ in one_token)
             for name, owner in owners:
                 if any(name == p or name.startswith(p + ".") for p in inside):
@@ -341,10 +347,11 @@ def injected(
                 saved.append((owner, rope_attr, owner[rope_attr]))
                 setattr(owner, rope_attr, wrapper)
                 wrappers.append(wrapper)
-            if positions is None:
-                positions = position_inputs(model)
             for path, container, key, module, argument, axis in positions:
-                stand_in = ByDepth(module, depths, argument, axis)
+                # outside a NodeSteps of the same module: the values are
+                # re-indexed by depth first, then laid out per batch row
+                stand_in = ByDepth(node_steps.get(id(module), module), depths, argument, axis,
+                                   signature=inspect.signature(module.__call__))
                 set_slot(container, key, stand_in)
                 stand_ins.append((container, key, module, stand_in))
 

@@ -26,6 +26,7 @@ Pure index work and one reshape each way; the module's own code does the
 arithmetic.
 """
 
+import inspect
 import threading
 from typing import List, Tuple
 
@@ -41,17 +42,16 @@ __all__ = ["NodeRows", "NodeSteps", "one_token_attentions"]
 _LATENT = (MultiLinear, QuantizedMultiLinear)
 
 
-def one_token_attentions(model: nn.Module, exclude=frozenset()) -> List[Tuple[str, object, object, nn.Module]]:
+def one_token_attentions(model: nn.Module) -> List[Tuple[str, object, object, nn.Module]]:
     """``(path, container, key, module)`` of every multi-head latent
     attention of ``model`` (a module with a ``MultiLinear`` child, which
     absorbs the key projection on its one-token path), in model order, but
-    those whose ids are in ``exclude`` and those that select their keys
-    (deepseek_v32's ``indexer``: its top-k would rank the tree's
-    non-ancestors too, and gather the keys in another order than a step
-    does). Those keep the multi-token path (README, "Families")."""
+    those that select their keys (deepseek_v32's ``indexer``: its top-k
+    would rank the tree's non-ancestors too, and gather the keys in another
+    order than a step does). Those keep the multi-token path (README,
+    "Families")."""
     return [(path, container, key, m) for path, container, key, m in slots(model)
-            if id(m) not in exclude and "indexer" not in m
-            and any(isinstance(v, _LATENT) for v in m.values())]
+            if "indexer" not in m and any(isinstance(v, _LATENT) for v in m.values())]
 
 
 class NodeRows:
@@ -95,18 +95,27 @@ def _rows(fetched, T):
 class NodeSteps(StandIn):
     """Stands in for one latent attention during one verify forward: each of
     the forward's T tokens a batch row of one token (module docstring). In
-    any thread but the verifying one it is the attention it stands in for."""
+    any thread but the verifying one it is the attention it stands in for.
+    ``per_token`` (argument, token axis): a value the module receives per
+    position (mistral4's ``attn_scale``, re-indexed by depth before it gets
+    here: treespec.verify.positions), laid out per batch row too."""
 
-    def __init__(self, attention: nn.Module, depths: mx.array):
+    def __init__(self, attention: nn.Module, depths: mx.array, per_token=None):
         super().__init__()
         self.inner = attention
         self._depths = depths
+        object.__setattr__(self, "_per_token", per_token)
+        object.__setattr__(self, "_signature", inspect.signature(attention.__call__))
         self._calls = 0
         self._thread = threading.get_ident()
 
-    def __call__(self, x, mask=None, cache=None, **kwargs):
+    def __call__(self, *args, **kwargs):
         if threading.get_ident() != self._thread:
-            return self.inner(x, mask=mask, cache=cache, **kwargs)
+            return self.inner(*args, **kwargs)
+        bound = self._signature.bind(*args, **kwargs)
+        given = bound.arguments
+        first = next(iter(given))
+        x, mask, cache = given[first], given.get("mask"), given.get("cache")
         B, T, D = x.shape
         if B != 1 or T != self._depths.size:
             raise RuntimeError(
@@ -118,8 +127,23 @@ class NodeSteps(StandIn):
                 f"per-node attention needs the tree mask as an array, got {mask!r}: this "
                 "model does not build its mask from cache.make_mask")
         self._calls += 1
-        rows = mask.reshape(mask.shape[-2:])[:, None, None, :]  # (T, 1, 1, S): node t's row
-        first = cache if hasattr(cache, "offset") else cache[0]  # a CacheList: its first
-        nodes = NodeRows(cache, first.offset + self._depths)
-        out = self.inner(x.reshape(T, 1, D), mask=rows, cache=nodes, **kwargs)
+        given[first] = x.reshape(T, 1, D)
+        given["mask"] = mask.reshape(mask.shape[-2:])[:, None, None, :]  # node t's row
+        lead = cache if hasattr(cache, "offset") else cache[0]  # a CacheList: its first
+        given["cache"] = NodeRows(cache, lead.offset + self._depths)
+        if self._per_token:
+            name, axis = self._per_token
+            given[name] = _per_row(given[name], axis, T, name)
+        out = self.inner(*bound.args, **bound.kwargs)
         return out.reshape(1, T, *out.shape[2:])
+
+
+def _per_row(value: mx.array, axis: int, T: int, name: str) -> mx.array:
+    """A per-position value of shape [..., T (at ``axis``), ...] with every
+    other axis 1, as (T, 1, 1, 1): batch row t's, broadcasting against its
+    (1, H, 1, D) queries."""
+    moved = mx.moveaxis(value, axis, 0)
+    if moved.shape[0] != T or moved.size != T:
+        raise RuntimeError(f"per-node attention cannot lay out {name!r} of shape "
+                           f"{tuple(value.shape)} per node")
+    return moved.reshape(T, 1, 1, 1)

@@ -77,13 +77,16 @@ class ByDepth(StandIn):
     verify forward: its ``argument`` (the first one when None) re-indexed
     along ``axis`` by node depth, then the module runs unchanged."""
 
-    def __init__(self, inner: nn.Module, depths: mx.array, argument, axis: int):
+    def __init__(self, inner: nn.Module, depths: mx.array, argument, axis: int, signature=None):
         super().__init__()
         self.inner = inner
-        self._depths = depths  # leading underscore: not a parameter
+        # not a parameter; set past nn.Module (a stand-in it wraps has one too)
+        object.__setattr__(self, "_depths", depths)
         object.__setattr__(self, "_argument", argument)
         object.__setattr__(self, "_axis", axis)
-        object.__setattr__(self, "_signature", inspect.signature(inner.__call__))
+        # the receiving module's own signature when ``inner`` is another
+        # stand-in for it (treespec.verify.per_node.NodeSteps)
+        object.__setattr__(self, "_signature", signature or inspect.signature(inner.__call__))
         self._calls = 0
 
 

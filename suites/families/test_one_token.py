@@ -1,0 +1,44 @@
+"""Latent attentions verified as one-token steps (treespec.verify.per_node)
+where a value the attention receives per position changes inside the tree:
+mistral4's query scale steps at every multiple of
+original_max_position_embeddings (8 in the tiny config), so from a 14-token
+history the tree's nodes at depth 2 and 3 take another scale than its root.
+Each node's row must be the whole model's one-token step after its root path
+(classic decoding), bit for bit where the backend is exact."""
+
+import copy
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from suites.families import helpers as H
+from suites.helpers_numerics import EXACT_REGIMES
+from suites.verdict import expect
+from treespec import numerics
+from treespec.blas import regime
+from treespec.tree import DraftTree
+from treespec.verify import adapter_for
+
+pytestmark = pytest.mark.exactness
+
+
+def test_a_per_position_scale_reaches_each_node_as_its_step_sees_it():
+    model = H.build("mistral4")
+    rng = np.random.RandomState(2)
+    prompt = [int(t) for t in rng.randint(0, 256, 14)]
+    tree = DraftTree([int(t) for t in rng.randint(0, 256, len(H.PARENTS))], H.PARENTS)
+    cache = make_prompt_cache(model)
+    H.forward(model, cache, prompt, stepped=False)
+    before = copy.deepcopy(cache)
+    rows = adapter_for(model).verify(tree, cache)
+    mx.eval(rows)
+    diffs = [H._maxdiff(H.forward(model, copy.deepcopy(before),
+                                  [tree.tokens[j] for j in tree.path_to(i)], whole=True)[-1],
+                        rows[i]) for i in range(len(tree))]
+    if any(diffs) and regime() not in EXACT_REGIMES:
+        expect(numerics.Verdict(numerics.INCONCLUSIVE, detail=(
+            f"compared bit for bit, and {regime()} is not an exact regime: node rows differ "
+            f"from the steps by {max(diffs):.3g}")), "families: sweep = mlx-lm forwards", "mistral4")
+    assert diffs == [0.0] * len(tree), diffs
