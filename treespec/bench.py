@@ -47,7 +47,7 @@ import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from .auto import decode_kwargs as auto_decode_kwargs
+from .auto_model import decode_kwargs as auto_decode_kwargs
 from .bench_prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS  # noqa: F401  (re-exported)
 from .bench_report import EXACT, summarize
 from .decode import decode

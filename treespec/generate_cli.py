@@ -15,7 +15,8 @@ import warnings
 
 import mlx.core as mx
 
-from .auto import choose, decode_kwargs as auto_kwargs
+from .auto import choose
+from .auto_model import decode_kwargs as auto_kwargs
 from .blas import describe, detect
 from .checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from .decode import check, decode, detokenize

@@ -11,9 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from treespec.auto import (
+from treespec.auto import choose
+from treespec.checkpoints import load_default_pair
+from treespec.decode import decode
+from treespec.auto_model import (
     Candidate,
-    _per_depth,
+    per_depth,
     decode_kwargs,
     emitted_by_budget,
     emitted_chain,
@@ -64,7 +67,7 @@ def test_the_curve_is_made_non_decreasing_by_pooling_dips():
 
 def test_per_depth_acceptance_is_conditional():
     # 4 rounds: accepted 0, 1, 2, 2 drafts of 2
-    assert _per_depth([0, 1, 2, 2], 2) == [3 / 4, 2 / 3]
+    assert per_depth([0, 1, 2, 2], 2) == [3 / 4, 2 / 3]
 
 
 def test_tree_ranks_follow_cumulative_logprob_then_creation_order():
@@ -285,10 +288,6 @@ def test_decode_kwargs_of_each_kind():
 
 @pytest.mark.slow
 def test_choose_on_the_trained_pair_returns_a_decodable_choice_with_its_reasons():
-    from treespec.auto import choose
-    from treespec.checkpoints import load_default_pair
-    from treespec.decode import decode
-
     target, draft, tok = load_default_pair()
     c = choose(target, draft, tokenizer=tok, max_block=3, max_tokens=8, repeats=1)
     assert set(c) >= {"mode", "block", "budget", "branching", "width", "reason", "predicted"}
