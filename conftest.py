@@ -112,8 +112,8 @@ def _schedule_rank(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     """The longest tests first, each paired with a merely slow one, then the
-    rest: xdist (``--maxschedchunk=1``, set in pytest_configure) hands each worker two
-    tests at a time in this order, so every worker starts on one of the
+    rest: xdist (``--maxschedchunk=1``, set in pytest_configure) hands each
+    worker two tests at a time in this order, so every worker starts on one of the
     longest instead of one worker getting them all (xdist's default first
     batch is 1/32 of the collection per worker) and the run ending with every
     worker but one idle. Deterministic, as xdist requires every worker's

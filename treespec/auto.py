@@ -20,7 +20,11 @@ Inputs, all measured in the calling process:
    - the time per round of drafting, verifying and the rest (walk, commit, loop).
 
 The prediction and the choice rules are ``treespec.auto_model`` (pure: no
-model, no clock).
+model, no clock). Then the run-off: every eligible candidate predicted within
+``runoff`` (default 0.9) of the choice, at most ``max_runoff``, is timed directly
+on the calibration prompts, interleaved, and the fastest measured one is chosen
+(a tree by half the margin): the model only ranks, the clock decides between close
+ones. ``reason`` gives the numbers.
 """
 
 from __future__ import annotations

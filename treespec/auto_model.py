@@ -19,11 +19,8 @@ The choice is the highest predicted throughput, except that a tree must beat the
 chain (and classic) by ``margin`` to be chosen over it: a tree's estimate comes from
 one budget's run, a chain's from two. Every candidate is gated by the exactness probe
 (``treespec.gate.decide``) in order of preference, so an inexact configuration is
-never chosen. Then the run-off: every eligible candidate predicted within ``runoff``
-(default 0.9) of the choice, at most ``max_runoff``, is timed directly on the
-calibration prompts, interleaved, and the fastest measured one is chosen (a tree by
-half the margin): the model only ranks, the clock decides between close ones.
-``reason`` gives the numbers.
+never chosen (``pick``; the probe is the caller's ``eligible``). ``explain`` gives
+the numbers.
 """
 
 from __future__ import annotations

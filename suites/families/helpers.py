@@ -29,10 +29,10 @@ forward's there: for those models the reference steps the whole model one
 token at a time, as classic decoding does, and treespec verifies their
 nodes as one-token steps (treespec.verify.per_node). Where it keeps the
 multi-token path (an attention that selects its keys: deepseek_v32,
-glm_moe_dsa) every row must instead equal
-mlx-lm's multi-token forward over the node's root path, and that forward
-must itself differ from the steps (mlx-lm disagreeing with itself, measured
-in the same run): verdict MULTI_TOKEN, pinned per family by the test.
+glm_moe_dsa) every row must instead equal mlx-lm's multi-token forward over
+the node's root path, and that forward must itself differ from the steps
+(mlx-lm disagreeing with itself, measured in the same run): verdict
+MULTI_TOKEN, pinned per family by the test.
 
 One more documented difference is accepted, and only where it is measured in
 the same run: on a wrapped sliding window the ROOT row of a verify is
@@ -77,6 +77,7 @@ PATH = [0, 1, 4, 6]  # moves rows (node 4 at slot 2, node 6 at slot 3)
 SHORT, LONG = 12, 28  # inside and past every window (helpers_configs.W = 16)
 SEED = 0
 
+CONTRACT = "families: sweep = mlx-lm forwards"  # its row in the verdict table
 EXACT, ROOT_ROW, MULTI_TOKEN, REFUSED, CANNOT_RUN, WRONG = (
     "exact", "exact (root row: multi-token path)", "exact (multi-token path)", "refused",
     "cannot run", "WRONG")
@@ -308,9 +309,9 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
     adapter.commit(cache, tree, PATH)
     # the reference cache is fed as the verify computed: one-token steps, or
     # (kept on the multi-token path) mlx-lm's multi-token forward
-    steps = steps and not res["multi_token"]
+    fed_steps = steps and not res["multi_token"]
     ref = copy.deepcopy(before)
-    forward(model, ref, [tree.tokens[j] for j in PATH], whole=steps)
+    forward(model, ref, [tree.tokens[j] for j in PATH], whole=fed_steps)
     res["commit"] = _decode_diff(model, cache, ref, decode)
     # A chain is mlx-lm's own chain verify (a plain forward, recurrent layers
     # through their multi-token path; a ring laid out as one-token steps see
@@ -320,7 +321,7 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
     mx.eval(adapter.verify(chain, cache))
     adapter.commit(cache, chain, [0, 1, 2])
     ref = copy.deepcopy(before)
-    forward(model, ref, chain.tokens[:3], stepped=ring, whole=steps)
+    forward(model, ref, chain.tokens[:3], stepped=ring, whole=fed_steps)
     res["chain_commit"] = _decode_diff(model, cache, ref, decode)
     if res["chain_commit"]:
         # Only documented where mlx-lm disagrees with itself: its forward over

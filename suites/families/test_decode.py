@@ -1,8 +1,9 @@
 """Contract 9 beyond the zoo: tree decoding emits classic decoding's tokens, at
 temperature 0, on a family of each mechanism the sweep made verify (every
 recurrent mixer kind, the position stand-ins, cache lists, caches a layer
-never writes, latent attentions verified as one-token steps), with a drafter of the same family that disagrees with it
-(another seed), so rounds accept partial paths and roll the rest back."""
+never writes, latent attentions verified as one-token steps), with a drafter
+of the same family that disagrees with it (another seed), so rounds accept
+partial paths and roll the rest back."""
 
 import pytest
 

@@ -57,7 +57,6 @@ CANNOT_RUN = {
 }
 
 
-FAMILIES = "families: sweep = mlx-lm forwards"
 
 
 def check(name: str, outcome: H.Outcome) -> None:
@@ -71,7 +70,7 @@ def check(name: str, outcome: H.Outcome) -> None:
     if outcome.verdict == H.WRONG and regime() not in EXACT_REGIMES:
         expect(numerics.Verdict(numerics.INCONCLUSIVE, detail=(
             f"the family sweep compares bit for bit, and {regime()} is not an exact regime: "
-            f"{outcome.line()}")), FAMILIES, name)
+            f"{outcome.line()}")), H.CONTRACT, name)
     assert outcome.verdict != H.WRONG, f"silently wrong: {outcome.line()}"
     if name in CANNOT_RUN:
         assert outcome.verdict == H.CANNOT_RUN and CANNOT_RUN[name] in outcome.detail, outcome.line()

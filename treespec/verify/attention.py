@@ -281,9 +281,9 @@ def injected(
     every module receiving per-position values (treespec.verify.positions)
     gets them re-indexed by ``depths``, and every attention of ``one_token``
     (``(path, container, key, module)``, treespec.verify.per_node) runs the
-    nodes on the batch axis, the ropes inside it handed their positions. ``plans`` (cache id -> its mode's
-    verify plan, a ring layout) also replace those caches'
-    ``update_and_fetch`` with the plan's.
+    nodes on the batch axis, the ropes inside it handed their positions.
+    ``plans`` (cache id -> its mode's verify plan, a ring layout) also
+    replace those caches' ``update_and_fetch`` with the plan's.
 
     ``depths=None`` injects no positions (a chain: its positions are the
     model's own) and replaces only the masks of the caches with a plan, so
