@@ -7,6 +7,7 @@ byte-identical where the backend is exact and equal within its envelope
 (their next logits judged) elsewhere; the trees are identical everywhere."""
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from suites.helpers_numerics import EXACT_REGIMES
@@ -15,7 +16,10 @@ from suites.verdict import DRAFTING
 from suites.verify import helpers
 from treespec.blas import regime
 from treespec import caches, numerics
-from treespec.draft import DeviceRound, FixedTreeDrafter
+from treespec.bench_prompts import PROMPTS
+from treespec.checkpoints import load_default_pair
+from treespec.draft import ConfidenceDrafter, DeviceRound, FixedTreeDrafter, confidence, top_ids
+from treespec.draft.confidence import best_first, build_tree
 
 pytestmark = pytest.mark.exactness
 
@@ -91,7 +95,6 @@ def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape)
 def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():
     """limit 0 (max_tokens reached) takes the host path: the accepted leaf
     the device round never fed must still reach the draft cache."""
-
     model = helpers.model("llama")
     prompt = list(helpers.tokens(8, seed=1))
     drafter = FixedTreeDrafter(branching=[2, 1])
@@ -111,11 +114,6 @@ def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():
 def test_top_ids_are_the_largest_values_largest_first(k):
     """The ranking every tree drafter uses, against numpy's full sort
     (k larger than the row falls back to the whole row)."""
-    import mlx.core as mx
-    import numpy as np
-
-    from treespec.draft import top_ids
-
     x = np.random.default_rng(k).standard_normal((5, 33)).astype(np.float32)
     want = np.argsort(-x, axis=-1, kind="stable")[:, :k]
     assert np.array(top_ids(mx.array(x), k)).tolist() == want.tolist()
@@ -128,9 +126,6 @@ def test_each_nodes_children_are_the_drafts_best_tokens_best_first(on_device, sh
     """Against the draft model itself: a plain forward over the prompt and
     the node's path, ranked by numpy. (A spine feeds one node per level: its
     levels continue the draft cache as plain forwards.)"""
-    import mlx.core as mx
-    import numpy as np
-
     model = helpers.model("llama")
     prompt = list(helpers.tokens(8, seed=4))
     drafter = FixedTreeDrafter(**shape)
@@ -153,9 +148,6 @@ def eagle2_reference(model, context, root, budget, width, depth):
     distribution from a plain forward over the context and its root path,
     float32 log-softmax, scores summed in float32 (numpy), ranks by numpy.
     Returns {token path below the root: score} of the kept candidates."""
-    import mlx.core as mx
-    import numpy as np
-
     def logprobs(path):
         logits = model(mx.array(context + [root] + path)[None])[0, -1].astype(mx.float32)
         return np.array(logits - mx.logsumexp(logits))
@@ -185,7 +177,6 @@ def test_the_confidence_tree_is_eagle2s_per_depth_tree(budget, width, on_device)
     if regime() not in EXACT_REGIMES:  # forwards of different widths, compared bit for bit
         pytest.skip(f"inconclusive on {regime()}: the drafted tree's log-probabilities against a reference drafted with forwards of other widths compares forwards of different "
                     "widths bit for bit, which only an exact regime makes equal (no envelope yet)")
-    from treespec.draft import ConfidenceDrafter
 
     model = helpers.model("llama")
     prompt = list(helpers.tokens(10, seed=9))
@@ -207,6 +198,42 @@ def test_the_confidence_tree_is_eagle2s_per_depth_tree(budget, width, on_device)
         drafter.commit(rnd, path)
         text += [tree.tokens[i] for i in path]  # committed: the root and the path
         root = helpers.tokens(1, seed=30 + r)[0]  # the target's next token
+
+
+@pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
+def test_the_confidence_tree_feeds_only_frontier_nodes_that_can_have_a_kept_child(
+        on_device, monkeypatch):
+    """A round feeds the first ``budget - d`` of depth d's frontier, not all
+    ``width`` (treespec.draft.confidence: none past them can have a kept
+    child), and keeps EAGLE-2's tree: the trained drafter (peaked, so deep
+    nodes get kept) from roots along a prompt against the full-frontier
+    reference. The same rounds fed one node fewer per depth lose a kept node
+    in some round: the test reaches the bound it pins."""
+    if regime() not in EXACT_REGIMES:  # forwards of different widths, compared bit for bit
+        pytest.skip(f"inconclusive on {regime()}: the reference drafts with forwards of other "
+                    "widths, compared bit for bit, which only an exact regime makes equal")
+    _, model, tokenizer = load_default_pair()
+    ids = tokenizer.encode(PROMPTS[0])
+    budget, width = 4, 4
+
+    def rounds():
+        """Per root along the prompt: (the kept paths are the reference's, nodes fed past the root)."""
+        for cut in range(6, len(ids), 3):
+            drafter = ConfidenceDrafter(budget, width=width)
+            drafter.on_device = on_device
+            drafter.start(model, ids[:cut - 1])
+            rnd = drafter.draft(ids[cut - 1])
+            tree = rnd.tree
+            got = {tuple(tree.tokens[i] for i in tree.path_to(n)[1:]): rnd.logprobs[n]
+                   for n in range(1, len(tree))}
+            want = eagle2_reference(model, ids[:cut - 1], ids[cut - 1], budget, width, budget)
+            yield got == want, len(rnd.fed_tree) - 1
+
+    for same, fed in rounds():
+        assert same
+        assert fed == sum(min(width, budget - d) for d in range(1, budget))  # 3 + 2 + 1
+    monkeypatch.setattr(confidence, "expanded", lambda b, w, d: max(1, min(w, b - d - 1)))
+    assert not all(same for same, _ in rounds())
 
 
 @pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5"])
@@ -239,10 +266,6 @@ def test_confidence_ties_go_to_the_earlier_created_candidate():
     """Exact ties (a token of probability 1, equal sums) are ranked by
     creation order, on the frontier and in the kept set, so a child (created
     after its parent, never scored above it) can never be kept without it."""
-    import numpy as np
-
-    from treespec.draft.confidence import best_first, build_tree
-
     scores = np.array([-1.0, -0.5, -0.5, -2.0, -0.5], dtype=np.float32)
     assert best_first(scores, 4).tolist() == [1, 2, 4, 0]
     # candidates 0, 1 under the root; 2 under 0 with log-probability 0: all tie

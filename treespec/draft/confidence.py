@@ -17,6 +17,19 @@ The definition (what both paths below compute; suites/e2e pins them equal):
   earlier created). A child's score never exceeds its parent's and it is
   created later, so the set is ancestor-closed.
 
+What is fed is less than that definition expands, for the same tree: only the
+first ``expanded(budget, width, d) = min(width, budget - d)`` frontier nodes of
+depth d go through the draft forward. Why that loses nothing: a kept node of
+depth d + 1 needs its parent and d - 1 more ancestors kept, so at most
+budget - d nodes of depth d have a kept child; those are kept, hence the best
+of their depth, hence (the frontier being best first) among its first
+budget - d. The children of the others are never kept, and taking candidates
+that are not kept out of the set changes neither the kept set nor, creation
+order being kept, any tie. A budget-4 tree of width 4 feeds 3, 2 and 1 nodes
+past the root instead of 4, 4 and 4: on a backend whose forward cost grows
+with the tokens, that is the difference between a chain's drafting cost and
+1.5x it (scripts/tree_verify_costs.py).
+
 ``depth`` defaults to the budget (the deepest a budget-node tree can reach),
 so drafting costs one draft forward per depth, as a chain of that depth (the
 root's forward and one per frontier). A budget-n tree is the top n of a
@@ -71,6 +84,12 @@ def build_tree(root: int, tokens: List[int], scores: List[float], parents: List[
     for c in ranked:
         logprobs[where[c]] = scores[c]
     return tree, fed, logprobs
+
+
+def expanded(budget: int, width: int, d: int) -> int:
+    """How many of depth d's frontier (best first) a round feeds: those that
+    can have a kept child (the module docstring says why no more)."""
+    return min(width, budget - d)  # >= 1: d < depth <= budget
 
 
 def best_first(scores: np.ndarray, k: int) -> np.ndarray:
@@ -128,7 +147,8 @@ class ConfidenceDrafter(_TopKTree):
         for tok, lp in self._children(0, w):
             frontier.append(len(tokens))
             tokens.append(tok), scores.append(np.float32(lp)), parents.append(-1)
-        for _ in range(depth - 1):
+        for d in range(1, depth):
+            frontier = frontier[:expanded(budget, w, d)]
             first = len(self._fed_tree)
             for c in frontier:
                 fed_of[c] = self._fed_tree.push_child(
@@ -165,35 +185,36 @@ class ConfidenceDrafter(_TopKTree):
         w = ids.shape[-1]  # a vocabulary smaller than the width
         f_tok, f_score = ids[0], mx.take_along_axis(lp, ids, axis=-1)[0]
         f_cand = mx.arange(w, dtype=mx.int32)  # the frontier's candidates, best first
-        # The frontier's ancestors among the fed rows (the root, then w rows
-        # per earlier depth): at depth 1, the root.
+        # The frontier's ancestors among the fed rows (the root, then each
+        # earlier depth's fed frontier): at depth 1, the root.
         f_anc = mx.ones((w, 1), dtype=mx.bool_)
         tokens, scores = [f_tok], [f_score]
-        parents, frontiers = [mx.full((w,), -1, dtype=mx.int32)], []
-        eye = mx.eye(w, dtype=mx.bool_)
-        slot_of_child = mx.arange(w * w, dtype=mx.int32) // w
-        # a level's w*w candidates in creation order: [i, j] is j < i
-        earlier = mx.arange(w * w)[None, :] < mx.arange(w * w)[:, None]
+        parents, frontiers, sizes = [mx.full((w,), -1, dtype=mx.int32)], [], []
         count = w
         for d in range(1, depth):
+            k = expanded(budget, w, d)  # best first: the first k can have kept children
+            f_tok, f_score, f_cand, f_anc = f_tok[:k], f_score[:k], f_cand[:k], f_anc[:k]
             frontiers.append(f_cand)
-            mask = mx.concatenate([f_anc, eye], axis=1)  # ... and itself
-            logits = self._forward_frontier(f_tok, mask, offset, d, 1 + (d - 1) * w, owners)
+            mask = mx.concatenate([f_anc, mx.eye(k, dtype=mx.bool_)], axis=1)  # ... and itself
+            logits = self._forward_frontier(f_tok, mask, offset, d, sizes, owners)
+            sizes.append(k)
             lp = logprobs_of(logits)
             ids = top_ids(lp, w)
             level_score = (f_score[:, None] + mx.take_along_axis(lp, ids, axis=-1)).reshape(-1)
             level_tok = ids.reshape(-1)
             level_parent = mx.repeat(f_cand, w)
             tokens.append(level_tok), scores.append(level_score), parents.append(level_parent)
-            # The w best of the level, ties to the earlier created: rank each
-            # candidate by how many beat it, then take ranks 0 .. w-1.
+            # The w best of the level's k*w, ties to the earlier created: rank
+            # each candidate by how many beat it, then take ranks 0 .. w-1.
             s = level_score
+            order = mx.arange(k * w)
+            earlier = order[None, :] < order[:, None]  # [i, j]: j created before i
             beats = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & earlier)
             pick = mx.argsort(beats.sum(axis=1))[:w].astype(mx.int32)
-            f_anc = mx.take(mask, mx.take(slot_of_child, pick), axis=0)
+            f_anc = mx.take(mask, pick // w, axis=0)
             f_tok, f_score = mx.take(level_tok, pick), mx.take(level_score, pick)
             f_cand = count + pick
-            count += w * w
+            count += k * w
             mx.async_eval(f_tok, f_score, f_anc)
         flat_tok = mx.concatenate(tokens)
         flat_score = mx.concatenate(scores)
@@ -207,12 +228,14 @@ class ConfidenceDrafter(_TopKTree):
         return DraftRound(tree, fed, offset, fed_tree, logprobs, forwards=depth)
 
     def _forward_frontier(self, tokens: mx.array, mask: mx.array, offset: int, d: int,
-                          fed_before: int, owners) -> mx.array:
+                          sizes: List[int], owners) -> mx.array:
         """One draft forward over a frontier of depth ``d`` (its nodes all at
-        position ``offset + d``), continuing the cache past its ``fed_before``
-        fed rows: each node sees the history and ``mask``'s fed rows."""
+        position ``offset + d``), continuing the cache past its fed rows (the
+        root, then ``sizes[j]`` nodes of depth j + 1): each node sees the
+        history and ``mask``'s fed rows."""
         n = tokens.shape[0]
         history = offset
+        fed_before = 1 + sum(sizes)
         # The model hands its rope the cache offset (offset + fed rows);
         # every node of this frontier sits at offset + d.
         depths = mx.full((n,), d - fed_before, dtype=mx.int32)
@@ -223,7 +246,7 @@ class ConfidenceDrafter(_TopKTree):
             if window is not None:
                 # Counted in positions, as DraftTree.mask_np: the fed rows
                 # sit at offset + their depth.
-                kdepth = np.concatenate([[0]] + [[k] * n for k in range(1, d)]
+                kdepth = np.concatenate([[0]] + [[j + 1] * m for j, m in enumerate(sizes)]
                                         + [[d] * n]).astype(np.int64)
                 kpos = np.concatenate([np.arange(offset - history, offset), offset + kdepth])
                 near = mx.array((offset + d) - kpos < window)[None, :]
