@@ -254,8 +254,11 @@ class ConfidenceDrafter(_TopKTree):
                 return mx.concatenate([hist, mask], axis=1) & near
             return mx.concatenate([mx.ones((n, history), dtype=mx.bool_), mask], axis=1)
 
+        # positions=[]: this path runs only where the adapter feeds trees in
+        # parts, i.e. where no module receives per-position values (the walk
+        # for them would find none, once per depth)
         with injected(self.model, self.cache, depths, mask_fn, self.adapter.family.rope_attr,
-                      owners) as probe:
+                      owners, positions=[]) as probe:
             logits = self.model(tokens[None], cache=self.cache)[0]
             probe()
         return logits

@@ -114,8 +114,12 @@ def rope_by_node(rope, x: mx.array, offset, depths: mx.array, **kwargs) -> mx.ar
 
 def rope_at(rope, x: mx.array, positions: mx.array, **kwargs) -> mx.array:
     """``rope`` on ``x`` (B, H, T, D) with token t of batch row b at
-    ``positions[b * T + t]``: tokens on the batch axis, one offset each."""
+    ``positions[b * T + t]``: tokens on the batch axis, one offset each.
+    With one batch row (every verify) that is a swap of the batch and token
+    axes, one view each way; the rope sees the same values either way."""
     B, H, T, D = x.shape
+    if B == 1:
+        return rope(x.swapaxes(0, 2), offset=positions, **kwargs).swapaxes(0, 2)
     flat = x.transpose(0, 2, 1, 3).reshape(B * T, H, 1, D)
     out = rope(flat, offset=positions, **kwargs)
     return out.reshape(B, T, H, D).transpose(0, 2, 1, 3)
@@ -131,19 +135,22 @@ class TreeRoPE(StandIn):
 
     def __init__(self, rope, depths: mx.array, positions: Optional[dict] = None):
         super().__init__()
-        self.inner = rope
-        self._depths = depths  # leading underscore: not a parameter
+        # One per rope and verify (a 32-layer model builds 32 per forward):
+        # the child as nn.Module's own setattr would store it, the rest set
+        # past it, as plain attributes (not parameters), skipping the lookups
+        # its setattr makes, which cost more than the forward's rope calls.
+        self["inner"] = rope
+        object.__setattr__(self, "_depths", depths)
         # offset -> positions, shared by every rope of one forward (each
         # layer's queries and keys take the same int offset)
-        self._positions = {} if positions is None else positions
-        self._calls = 0
-        self._thread = threading.get_ident()
-
+        object.__setattr__(self, "_positions", {} if positions is None else positions)
+        object.__setattr__(self, "_calls", 0)
+        object.__setattr__(self, "_thread", threading.get_ident())
 
     def __call__(self, x, offset=0, **kwargs):
         if threading.get_ident() != self._thread:
             return self.inner(x, offset=offset, **kwargs)
-        self._calls += 1
+        object.__setattr__(self, "_calls", self._calls + 1)
         if type(offset) is int and x.shape[0] == 1:
             pos = self._positions.get(offset)
             if pos is None:
@@ -304,6 +311,7 @@ def injected(
     ropes = depths is not None
     attention = [c for c in attention_caches(caches) if ropes or id(c) in plans]
     saved = []  # (object, attribute, previous value or _MISSING)
+    children = []  # (module, key, the child it held)
     wrappers = []
     stand_ins = []
     mask_calls = [0]
@@ -344,8 +352,10 @@ def injected(
                 if any(name == p or name.startswith(p + ".") for p in inside):
                     continue  # its rope gets the positions from NodeSteps
                 wrapper = TreeRoPE(owner[rope_attr], depths, rope_positions)
-                saved.append((owner, rope_attr, owner[rope_attr]))
-                setattr(owner, rope_attr, wrapper)
+                # a child entry: put back as a dict item, where nn.Module's
+                # setattr would put a module (without its lookups)
+                children.append((owner, rope_attr, owner[rope_attr]))
+                owner[rope_attr] = wrapper
                 wrappers.append(wrapper)
             for path, container, key, module, argument, axis in positions:
                 # outside a NodeSteps of the same module: the values are
@@ -371,6 +381,8 @@ def injected(
     finally:
         for container, key, module, _ in reversed(stand_ins):
             set_slot(container, key, module)
+        for owner, key, child in reversed(children):
+            owner[key] = child
         for obj, attr, prev in reversed(saved):
             if prev is _MISSING:
                 obj.__dict__.pop(attr, None)
