@@ -45,8 +45,11 @@ def get_slot(container, key):
 
 def set_slot(container, key, module) -> None:
     """Put ``module`` where ``container[key]`` is: a module's attribute (so
-    its parameter tree keeps its key order) or a list entry."""
-    if isinstance(container, nn.Module):
+    its parameter tree keeps its key order) or a list entry. A module's child
+    is a dict entry of its parent, where nn.Module's setattr ends up putting
+    one; set there directly, skipping the attribute lookups that setattr
+    makes first (every tree verify swaps a stand-in into every layer)."""
+    if isinstance(container, nn.Module) and key not in container:
         setattr(container, key, module)
     else:
         container[key] = module

@@ -26,9 +26,9 @@ of their depth, hence (the frontier being best first) among its first
 budget - d. The children of the others are never kept, and taking candidates
 that are not kept out of the set changes neither the kept set nor, creation
 order being kept, any tie. A budget-4 tree of width 4 feeds 3, 2 and 1 nodes
-past the root instead of 4, 4 and 4: on a backend whose forward cost grows
-with the tokens, that is the difference between a chain's drafting cost and
-1.5x it (scripts/tree_verify_costs.py).
+past the root instead of 4, 4 and 4: fewer tokens per draft forward, where a
+forward's cost grows with its tokens (README, "Tree rounds against chain
+rounds", has the measured drafting cost).
 
 ``depth`` defaults to the budget (the deepest a budget-node tree can reach),
 so drafting costs one draft forward per depth, as a chain of that depth (the

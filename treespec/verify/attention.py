@@ -136,9 +136,9 @@ class TreeRoPE(StandIn):
     def __init__(self, rope, depths: mx.array, positions: Optional[dict] = None):
         super().__init__()
         # One per rope and verify (a 32-layer model builds 32 per forward):
-        # the child as nn.Module's own setattr would store it, the rest set
-        # past it, as plain attributes (not parameters), skipping the lookups
-        # its setattr makes, which cost more than the forward's rope calls.
+        # the child where nn.Module's own setattr would store it, the rest
+        # as plain attributes (not parameters), both skipping the lookups
+        # that setattr makes first.
         self["inner"] = rope
         object.__setattr__(self, "_depths", depths)
         # offset -> positions, shared by every rope of one forward (each
@@ -311,7 +311,7 @@ def injected(
     ropes = depths is not None
     attention = [c for c in attention_caches(caches) if ropes or id(c) in plans]
     saved = []  # (object, attribute, previous value or _MISSING)
-    children = []  # (module, key, the child it held)
+    ropes_put = []  # (owner, its rope): every rope stand-in, whether it runs or not
     wrappers = []
     stand_ins = []
     mask_calls = [0]
@@ -352,10 +352,8 @@ def injected(
                 if any(name == p or name.startswith(p + ".") for p in inside):
                     continue  # its rope gets the positions from NodeSteps
                 wrapper = TreeRoPE(owner[rope_attr], depths, rope_positions)
-                # a child entry: put back as a dict item, where nn.Module's
-                # setattr would put a module (without its lookups)
-                children.append((owner, rope_attr, owner[rope_attr]))
-                owner[rope_attr] = wrapper
+                ropes_put.append((owner, owner[rope_attr]))
+                set_slot(owner, rope_attr, wrapper)
                 wrappers.append(wrapper)
             for path, container, key, module, argument, axis in positions:
                 # outside a NodeSteps of the same module: the values are
@@ -381,8 +379,8 @@ def injected(
     finally:
         for container, key, module, _ in reversed(stand_ins):
             set_slot(container, key, module)
-        for owner, key, child in reversed(children):
-            owner[key] = child
+        for owner, rope in reversed(ropes_put):
+            set_slot(owner, rope_attr, rope)
         for obj, attr, prev in reversed(saved):
             if prev is _MISSING:
                 obj.__dict__.pop(attr, None)
