@@ -224,6 +224,14 @@ def mismatched(a, b):
 # state they leave, over contexts spread across the prefix's bucket. The
 # negative control without a tree of its own: the plain forward with one
 # input replaced (what a commit that kept a stale row would leave).
+#
+# A chain's state holds only its last inputs (the conv window), so the chain
+# alone samples the rounding of the last rows of a width-M projection; a
+# tree node's state holds its own row, anywhere in the verify's M. Where a
+# BLAS rounds a row by its place in the product (OpenBLAS on Zen does: a node
+# at row 14 of 24 was 10x the chain's envelope), the plain envelope also
+# takes M one-input sequences as one batch (the same M-row products, every
+# row's state kept) against each input alone from the same cache.
 
 _STEP = 48  # widest input sequence measured
 
@@ -239,7 +247,8 @@ class _LayerMeasurement:
         for i, p in enumerate(self.contexts):
             cache = mixer_cache(self.m, self.slots, p, seed=7000 + i)
             x = mx.random.normal((1, _STEP, D_MODEL), key=mx.random.key(8000 + i))
-            self.samples.append({"cache": cache, "x": x, "out": [], "state": [], "c": copy_cache(cache)})
+            self.samples.append({"cache": cache, "x": x, "out": [], "state": [], "c": copy_cache(cache),
+                                 "alone": []})
         self.by_width = {}
         self.controls = None
 
@@ -252,10 +261,34 @@ class _LayerMeasurement:
             s["state"].append(list(s["c"].cache))
         return mx.stack(s["out"][:n]), s["state"][n - 1]
 
+    def _alone(self, s, n):
+        """Each of the first ``n`` inputs as a one-input step from the cache."""
+        while len(s["alone"]) < n:
+            r, c = len(s["alone"]), copy_cache(s["cache"])
+            y = self.m(s["x"][:, r : r + 1], c.make_mask(1), c)
+            mx.eval(y, c.cache)
+            s["alone"].append((y[0, -1], list(c.cache)))
+        return s["alone"][:n]
+
+    def _rows(self, s, n):
+        """(outputs, state) max |diff| of the first ``n`` inputs as one batch
+        of one-input sequences against each alone: every row of a width-n
+        product, and the state it leaves."""
+        c = batch_cache(s["cache"], n)
+        y = self.m(s["x"][0, :n][:, None], c.make_mask(1), c)
+        mx.eval(y, c.cache)
+        out = state = 0.0
+        for r, (a, st) in enumerate(self._alone(s, n)):
+            out = max(out, _maxdiff(y[r, -1], a))
+            state = max(state, max(_maxdiff(b[r : r + 1], x) for b, x in zip(c.cache, st)))
+        return out, state
+
     def width(self, n):
         if n not in self.by_width:
             out, state = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
             for s in self.samples:
+                rows = self._rows(s, n)
+                out[0], state[0] = max(out[0], rows[0]), max(state[0], rows[1])
                 steps, st = self._steps(s, n)
                 c = copy_cache(s["cache"])
                 p = self.m(s["x"][:, :n], c.make_mask(n), c)[0]
@@ -297,6 +330,13 @@ def _maxdiff(a, b) -> float:
     if a.shape != b.shape:
         return float("inf")
     return float(mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).item())
+
+
+def batch_cache(cache, n):
+    """``n`` copies of a batch-1 ArraysCache as one batch of ``n``."""
+    c = ArraysCache(len(cache.cache))
+    c.cache = [None if a is None else mx.repeat(a, n, axis=0) for a in cache.cache]
+    return c
 
 
 def copy_cache(cache):

@@ -9,7 +9,10 @@ Where the backend is exact the gate must let both modes speculate. Elsewhere
 (CUDA, in both half precisions) it may decline: the tokens, classic
 decoding's then, are still mlx-lm's, the decline is recorded as the verdict
 with its reason, and a run forced past the gate says where its tokens would
-first leave mlx-lm's, as information (as suites/e2e/test_text_diff.py)."""
+first leave mlx-lm's, as information (as suites/e2e/test_text_diff.py). The
+forced run stops at that first difference: what it would emit after leaving
+mlx-lm's tokens says nothing more, and on CUDA the rest of its 1500 tokens
+was two fifths of the suite's longest tests."""
 
 import mlx.core as mx
 import pytest
@@ -20,7 +23,7 @@ from suites.verdict import E2E, expect
 from treespec import numerics, zoo
 from treespec.decode import decode
 
-pytestmark = [pytest.mark.exactness, pytest.mark.slow("minutes")]
+pytestmark = pytest.mark.exactness
 
 TOKENS = 1500
 PROMPTS = {
@@ -41,6 +44,32 @@ def mlx_lm_greedy(model, prompt, n):
     return [int(t) for t, _ in steps]
 
 
+class _Left(Exception):
+    """Raised by :func:`stop_at_first_difference` to end a forced run."""
+
+
+def stop_at_first_difference(want, emitted: list):
+    """An ``on_round`` for :func:`treespec.decode.decode` that collects the
+    tokens each round emits into ``emitted`` and ends the run (raising
+    ``_Left``) once they leave ``want``."""
+    def on_round(_round, walk):
+        emitted.extend(walk.emitted)
+        if first_difference(emitted[:len(want)], want[:len(emitted)]) is not None:
+            raise _Left
+    return on_round
+
+
+def forced_first_difference(target, ids, draft, want, mode):
+    """Where a run forced past the gate first leaves ``want`` (None: never)."""
+    emitted = []
+    try:
+        forced = decode(target, ids, draft_model=draft, max_tokens=len(want), allow_inexact=True,
+                        on_round=stop_at_first_difference(want, emitted), **mode)
+    except _Left:
+        return first_difference(emitted, want)
+    return first_difference(forced.tokens, want)
+
+
 def first_difference(got, want):
     """The first index at which ``got`` leaves ``want`` (a length difference
     counts), or None."""
@@ -48,6 +77,7 @@ def first_difference(got, want):
     return at if at is not None or len(got) == len(want) else min(len(got), len(want))
 
 
+@pytest.mark.slow("minutes")
 @pytest.mark.parametrize("family, dtype, prompt", CASES, ids=[f"{p}-{f}-{d}" for f, d, p in CASES])
 def test_long_half_precision_runs_stay_on_mlx_lm_greedy_text(family, dtype, prompt):
     target, draft = zoo.build(family, dtype), zoo.drafter(family, dtype)
@@ -61,9 +91,7 @@ def test_long_half_precision_runs_stay_on_mlx_lm_greedy_text(family, dtype, prom
         at = first_difference(result.tokens, want)
         assert at is None, f"{name}: leaves mlx-lm's greedy tokens at {at} of {TOKENS}"
         if verdict.word == numerics.DECLINED:
-            forced = decode(target, ids, draft_model=draft, max_tokens=TOKENS,
-                            allow_inexact=True, **mode)
-            at = first_difference(forced.tokens, want)
+            at = forced_first_difference(target, ids, draft, want, mode)
             verdict = numerics.declined(
                 f"{name}: {verdict.detail}; forced past the gate: " + (
                     "mlx-lm's greedy tokens" if at is None else
@@ -74,3 +102,25 @@ def test_long_half_precision_runs_stay_on_mlx_lm_greedy_text(family, dtype, prom
     if declined:  # every declining mode's reason, not only the first's
         verdict = numerics.declined("; ".join(v.detail for v in declined), verdict.max_diff)
     expect(verdict, E2E, family, dtype)
+
+
+@pytest.mark.parametrize("at", [0, 5, 17])
+def test_a_forced_run_stops_where_it_first_leaves_the_reference(at):
+    """The forced run's report is where it first leaves the reference, and it
+    decodes no further than the round that left it: against its own tokens
+    with one changed at ``at``, it stops there, within one round's tokens
+    (its own unchanged tokens it never leaves: the run is deterministic)."""
+    target, draft = zoo.build("gemma3_text", "float32"), zoo.drafter("gemma3_text", "float32")
+    ids = zoo.tokenizer().encode(PROMPTS["prose"])
+    mode = MODES["chain-b4"]
+    own = decode(target, ids, draft_model=draft, max_tokens=24, allow_inexact=True, **mode).tokens
+    changed = list(own)
+    changed[at] = (changed[at] + 1) % zoo.VOCAB_SIZE
+    emitted = []
+    with pytest.raises(_Left):
+        decode(target, ids, draft_model=draft, max_tokens=len(changed), allow_inexact=True,
+               on_round=stop_at_first_difference(changed, emitted), **mode)
+    assert first_difference(emitted, changed) == at
+    assert len(emitted) <= at + mode["block"]
+    assert forced_first_difference(target, ids, draft, changed, mode) == at
+    assert forced_first_difference(target, ids, draft, own, mode) is None
