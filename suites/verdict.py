@@ -13,6 +13,7 @@ passed = bit-exact, failed = FAIL, under the contract its folder names.
 """
 
 import json
+import os
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -253,7 +254,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def _header() -> str:
-    return f"regime {regime()}; {describe()}"
+    tf32 = os.environ.get("MLX_ENABLE_TF32", "unset")
+    return f"regime {regime()}; {describe()}; MLX_ENABLE_TF32={tf32}"
 
 
 def pytest_sessionfinish(session, exitstatus):
