@@ -23,6 +23,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from syrupy.extensions.amber import AmberSnapshotExtension
 
+from treespec import blas
+
 GOLDEN = Path(__file__).parent / "golden"
 
 pytest_plugins = ["suites.verdict", "suites.planted", "suites.backend"]
@@ -73,8 +75,6 @@ def _choose_blas(config):
     """Re-execute this pytest under the requested BLAS before any test runs
     (LD_PRELOAD only takes effect in a new process). xdist workers inherit
     the controller's environment and must already have it."""
-    from treespec import blas
-
     choice = config.getoption("--blas")
     if choice == "auto":
         return
@@ -146,9 +146,7 @@ def _regime() -> str:
     # Goldens are kept per numerics regime (reference, openblas, cuda, ...):
     # README, "Goldens per regime", says what each pins and how to record a
     # new backend's.
-    from treespec.blas import regime
-
-    return regime()
+    return blas.regime()
 
 
 class GoldenExtension(AmberSnapshotExtension):

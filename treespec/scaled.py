@@ -19,6 +19,7 @@ import argparse
 from typing import List, Sequence
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .costcurve import build_llama, parse_dims
@@ -85,8 +86,6 @@ def agreement(target, draft, prompts: Sequence[Sequence[int]], tokens: int = 64)
 
 def default_prompts(n: int = 3, length: int = 32, vocab: int = 32000) -> List[List[int]]:
     """Seeded token prompts (a random model has no text to be prompted with)."""
-    import numpy as np
-
     rng = np.random.default_rng(0)
     return [rng.integers(0, vocab, length).tolist() for _ in range(n)]
 

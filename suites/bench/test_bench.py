@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from treespec import bench as B
+from treespec import cli, zoo
 from treespec import bench_cli
 from treespec import bench_report as R
 from treespec.checkpoints import default_pair, load_default_pair
 from treespec.cli import build_parser, command
-from treespec.gate import Decision
+from treespec.gate import Decision, ShapeResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -322,24 +323,18 @@ def test_plots_of_a_run_where_every_speculative_row_is_gated_say_so(tmp_path):
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys):
-    from treespec import cli
-
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert cli.main(["bench", "--plot", "somewhere"]) == 2
     assert "matplotlib" in capsys.readouterr().err
 
 
 def test_model_without_draft_model_is_refused(capsys):
-    from treespec import cli
-
     target, _ = default_pair()
     assert cli.main(["bench", "--model", str(target)]) == 2
     assert "--draft-model" in capsys.readouterr().err
 
 
 def test_scaled_with_a_checkpoint_is_refused(capsys):
-    from treespec import cli
-
     target, draft = default_pair()
     assert cli.main(["bench", "--scaled", "128x4", "--model", str(target),
                      "--draft-model", str(draft)]) == 2
@@ -395,9 +390,6 @@ def test_bench_command_json(tmp_path):
 def test_the_shared_probe_reports_a_nan_difference_as_nan(monkeypatch):
     """A shape whose verify gave NaN is the worst difference, never hidden
     behind a finite one by max()."""
-    from treespec import zoo
-    from treespec.gate import ShapeResult
-
     diffs = {(-1,): float("nan"), (-1, 0): 0.5}
     monkeypatch.setattr(B, "compare_shape", lambda model, shape, draws: ShapeResult(
         shape, False, diffs[shape], 0, 0, draws))

@@ -3,12 +3,14 @@ gated-delta family, cache snapshots and comparisons, the verify call, and the
 attention-side commit (a row gather) the recurrent commit is checked with."""
 
 from contextlib import contextmanager
+from types import SimpleNamespace as NS
 
 import mlx.core as mx
+from mlx_lm.models import bailing_moe_v3, kimi_k3, kimi_linear, olmo_hybrid
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from suites.helpers_numerics import require_sound
-from treespec import numerics
+from treespec import numerics, zoo
 from treespec.tree import DraftTree  # noqa: F401  (re-exported for the tests)
 from treespec.verify import adapter_for
 from treespec.mixers import discover
@@ -24,8 +26,6 @@ def build(family, dtype="float32", bits=None, seed=0):
     """The zoo model (built once per process)."""
     key = (family, dtype, bits, seed)
     if key not in _MODELS:
-        from treespec import zoo
-
         _MODELS[key] = zoo.build(family, dtype=dtype, bits=bits, seed=seed)
     return require_sound(_MODELS[key])
 
@@ -146,10 +146,6 @@ D_MODEL = 64
 
 
 def _built_mixer(family, seed=0):
-    from types import SimpleNamespace as NS
-
-    from mlx_lm.models import bailing_moe_v3, kimi_k3, kimi_linear, olmo_hybrid
-
     mx.random.seed(seed)
     if family == "olmo_hybrid":
         m = olmo_hybrid.GatedDeltaNet(

@@ -9,6 +9,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache
 
 from suites.hybrid import helpers as H
+from treespec import zoo
 from treespec.errors import TreeRefused
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for, register_recurrent
@@ -65,8 +66,6 @@ def test_qwen35_27b_footprint_table():
 
 
 def test_the_config_and_the_model_agree():
-    from treespec import zoo
-
     for fam in H.FAMILIES:
         model = H.build(fam)
         assert footprint_breakdown(model, 5) == footprint_breakdown(zoo.config(fam), 5)

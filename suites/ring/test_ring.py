@@ -8,6 +8,8 @@ write, in slot order; the layout must give every node exactly those keys,
 in that order, and after a commit the ring must hold what the path's
 classic steps left."""
 
+import copy
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -58,8 +60,6 @@ def ring_from(c):
 def classic_steps(c, tags):
     """What each of len(tags) one-token steps on (a copy of) ``c`` hands its
     attention, and the cache after them."""
-    import copy
-
     c = copy.deepcopy(c)
     seen = []
     for t in tags:
@@ -126,8 +126,6 @@ def test_a_commit_leaves_the_ring_its_paths_classic_steps_leave(case, tree, data
 def test_a_narrower_window_hides_what_the_one_token_mask_hides(window, updates, tree):
     """RotatingKVCache.make_mask(1, window_size) for a window narrower than
     the ring: the visible slots of each node's classic step."""
-    import copy
-
     size = 8
     c, _ = replay(size, 0, updates)
     ring = ring_from(c)

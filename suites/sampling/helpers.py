@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.sample_utils import make_sampler
 
 from treespec.sampling import SamplingParams, sample_rows, sample_without_replacement, \
     verify_children, walk_batch
@@ -156,8 +157,6 @@ ROWS_PER_CALL = 50_000
 def plain_mlx(sampling: Sampling, n, seed, length=LENGTH, table_seed=0):
     """Plain sampling with mlx-lm itself: ``make_sampler`` on the raw target
     logits, normalised as ``generate_step`` does, ``n`` texts at once."""
-    from mlx_lm.sample_utils import make_sampler
-
     zp, _ = raw_tables(table_seed)
     sampler = make_sampler(sampling.temperature, top_p=sampling.top_p, min_p=sampling.min_p,
                            top_k=sampling.top_k)

@@ -45,7 +45,7 @@ import pytest
 
 from suites.sampling import helpers as H
 from suites.sampling.helpers_stats import gof, homogeneity
-from treespec.sampling import verify_children
+from treespec.sampling import sample_without_replacement, verify_children
 
 pytestmark = pytest.mark.exactness
 
@@ -218,8 +218,6 @@ def test_gumbel_top_k_draws_without_replacement():
     """sample_without_replacement's ordered pairs have the law of sequential
     draws: P(a, b) = q(a) q(b) / (1 - q(a)). (1 of the suite's chi-square
     tests.)"""
-    from treespec.sampling import sample_without_replacement
-
     rng = np.random.default_rng(6)
     q = np.array([0.4, 0.25, 0.2, 0.1, 0.05, 0.0])
     draws = sample_without_replacement(np.tile(q, (N, 1)), 3, rng)

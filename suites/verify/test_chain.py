@@ -19,6 +19,7 @@ from suites.verdict import CHAIN
 from suites.verify import helpers
 from suites.verify.helpers import (CONFIGS, KV_QUANT, assert_rows_are_root_path_forwards, clone,
                                    config_id, fingerprint, max_abs_diff, plain_rows)
+from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
 pytestmark = pytest.mark.exactness
@@ -67,8 +68,6 @@ def test_a_chain_verified_on_device_tokens_equals_one_verified_on_its_tree(famil
     """The round loop verifies a chain on its drafts while they are still a
     lazy device array (draft.DeviceRound); only the topology is known then.
     Same logits, same caches, and the commit takes the tree once known."""
-    from treespec.tree import DraftTree
-
     model = helpers.model(family)
     cache = helpers.history(9).replay(model)
     lazy_cache = clone(cache)
@@ -85,8 +84,6 @@ def test_a_chain_verified_on_device_tokens_equals_one_verified_on_its_tree(famil
 
 
 def test_device_tokens_of_the_wrong_length_are_refused_before_any_write():
-    from treespec.tree import DraftTree
-
     model = helpers.model("llama")
     cache = helpers.history(6).replay(model)
     before = fingerprint(cache)
@@ -96,8 +93,6 @@ def test_device_tokens_of_the_wrong_length_are_refused_before_any_write():
 
 
 def test_a_commit_of_another_topology_than_the_verify_is_refused():
-    from treespec.tree import DraftTree
-
     model = helpers.model("llama")
     cache = helpers.history(6).replay(model)
     adapter = adapter_for(model)
