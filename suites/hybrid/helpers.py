@@ -224,8 +224,8 @@ def mismatched(a, b):
 # A chain's state holds only its last inputs (the conv window), so the chain
 # alone samples the rounding of the last rows of a width-M projection; a
 # tree node's state holds its own row, anywhere in the verify's M. Where a
-# BLAS rounds a row by its place in the product (OpenBLAS on Zen does: a node
-# at row 14 of 24 was 10x the chain's envelope), the plain envelope also
+# BLAS rounds a row by its place in the product (OpenBLAS on Zen cores does;
+# README, "Verdicts"), the plain envelope also
 # takes M one-input sequences as one batch (the same M-row products, every
 # row's state kept) against each input alone from the same cache.
 

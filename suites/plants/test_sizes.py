@@ -54,9 +54,9 @@ def test_every_node_matches_its_root_path_past_a_realistic_sliding_window(window
 
 
 # Slow, not minutes: each row meets kernels of its own (bits, group) that a
-# backend compiling on first use (MLX's CUDA) builds then, a minute and more
-# only where all fifteen start at once on a fresh machine (2.4 s each warm on
-# the H200); scheduled among the slow tests, not all first.
+# backend compiling on first use (MLX's CUDA) builds then; a row is long only
+# where all fifteen compile at once on a fresh machine, which the minutes tier
+# (scheduled first, all together) made them do.
 @pytest.mark.slow
 @pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
 @pytest.mark.parametrize("group", [32, 64, 128])

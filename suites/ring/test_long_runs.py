@@ -11,8 +11,8 @@ decoding's then, are still mlx-lm's, the decline is recorded as the verdict
 with its reason, and a run forced past the gate says where its tokens would
 first leave mlx-lm's, as information (as suites/e2e/test_text_diff.py). The
 forced run stops at that first difference: what it would emit after leaving
-mlx-lm's tokens says nothing more, and on CUDA the rest of its 1500 tokens
-was two fifths of the suite's longest tests."""
+mlx-lm's tokens says nothing more, and decoding on to 1500 tokens made these
+the suite's longest tests on CUDA (README, "On the H200")."""
 
 import mlx.core as mx
 import pytest
