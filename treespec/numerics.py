@@ -66,9 +66,9 @@ from .verify.attention import injected, tree_mask
 from .verify.recurrence import TreeRecurrence
 
 __all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "INCONCLUSIVE", "SAFETY",
-           "SEPARATION", "TRIANGLE", "UNSOUND", "Verdict", "WITHIN", "WORDS", "controls",
-           "declined", "envelope", "judge", "measure", "tree_path_verdict", "unsound", "widths_of",
-           "worst"]
+           "SEPARATION", "TRIANGLE", "UNSOUND", "Verdict", "WITHIN", "WORDS", "control_rows",
+           "controls", "declined", "envelope", "judge", "measure", "tree_path_verdict", "unsound",
+           "widths_of", "worst"]
 
 SAMPLES = 4  # contexts measured per bucket, and per extension
 MAX_SAMPLES = 12
@@ -405,11 +405,10 @@ def _siblings(tree: DraftTree) -> Tuple[int, int]:
     raise ValueError("a linear tree has no siblings")
 
 
-def controls(model, base_cache, tree: DraftTree, refs: mx.array) -> Optional[Dict[str, float]]:
-    """Each negative control's max |diff| over the nodes of ``tree``, verified
-    from a copy of ``base_cache``, against ``refs`` (row i: the plain forward
-    over node i's root path), or None for a linear tree (no control differs
-    from it) or a model treespec has no adapter for."""
+def control_rows(model, base_cache, tree: DraftTree) -> Optional[Dict[str, mx.array]]:
+    """Each negative control's verify rows over ``tree``, verified from a copy
+    of ``base_cache``, or None for a linear tree (no control differs from it)
+    or a model treespec has no adapter for."""
     if tree.is_linear():
         return None
     real = _adapter_or_none(model)
@@ -419,9 +418,16 @@ def controls(model, base_cache, tree: DraftTree, refs: mx.array) -> Optional[Dic
     for defect in CONTROLS:
         # A fresh recurrent strategy of the family's kind: it holds its verify's states.
         control = type(f"Control[{defect}]", (_Control,), {"defect": defect})(model, real.family)
-        got = control.verify(tree, _clone(base_cache))
-        mx.eval(got)
-        out[defect] = _diff(got, refs)
+        out[defect] = control.verify(tree, _clone(base_cache))
+        mx.eval(out[defect])
     return out
+
+
+def controls(model, base_cache, tree: DraftTree, refs: mx.array) -> Optional[Dict[str, float]]:
+    """Each negative control's max |diff| over the nodes of ``tree`` against
+    ``refs`` (row i: the plain forward over node i's root path); None where
+    :func:`control_rows` has none."""
+    rows = control_rows(model, base_cache, tree)
+    return None if rows is None else {k: _diff(v, refs) for k, v in rows.items()}
 
 

@@ -41,9 +41,17 @@ from the root's own one-token forward. It is accepted when it equals row 0
 of a two-token forward over the root and its first child and that row itself
 differs from the one-token forward. Anything else that differs is WRONG.
 
+Every branch commit is also checked as data movement, bit for bit on every
+backend: the cache it leaves holds exactly the rows (and recurrent states)
+the verify itself wrote for the path (treespec.audit.movement), whatever the
+backend's arithmetic. Where a family's rows are not bit for bit the
+references' and the backend is not exact, :func:`envelope_verdict` judges
+them against the backend's envelope instead (suites/verify's rule).
+
     modules()          every module name (and "module@variant") to sweep
     build(name)        the tiny seeded model
-    run(name, factory) Outcome: verdict, detail, notes
+    run(name, factory) Outcome: verdict, detail, notes, commits not kept exactly
+    envelope_verdict(outcome)  the outcome's rows judged against the envelope
 """
 
 import copy
@@ -64,6 +72,9 @@ from mlx_lm.models.mla import MultiLinear, QuantizedMultiLinear
 from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache
 
 from suites.families.helpers_configs import VARIANTS, config
+from suites.hybrid.helpers import Flattened
+from treespec import numerics
+from treespec.audit.movement import mismatches, moved, recorded
 from treespec.errors import RollbackRefused, TreeRefused
 from treespec.standin import StandIn
 from treespec.tree import DraftTree
@@ -270,6 +281,9 @@ class Outcome:
     verdict: str
     detail: str = ""
     notes: List[str] = field(default_factory=list)
+    unmoved: str = ""  # a commit that kept other rows than the verify wrote, and where
+    model: object = field(default=None, repr=False)  # what envelope_verdict judges again
+    factory: Callable = field(default=adapter_for, repr=False)
 
     def line(self) -> str:
         extra = "".join(f"; {n}" for n in self.notes)
@@ -281,8 +295,11 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
     cache = make_prompt_cache(model)
     forward(model, cache, prompt, stepped=False)
     before = copy.deepcopy(cache)
-    rows = adapter.verify(tree, cache)
+    with recorded(cache) as writes:
+        rows = adapter.verify(tree, cache)
     mx.eval(rows)
+    # the recurrent inputs the verify recorded (its commit consumes them)
+    captures = getattr(getattr(adapter, "_last", None), "captures", None)
     steps = latent(model)  # the reference is classic decoding itself
     diffs, plain_ok = [], {}
     for i in range(len(tree)):
@@ -312,6 +329,7 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
     fed_steps = steps and not res["multi_token"]
     ref = copy.deepcopy(before)
     forward(model, ref, [tree.tokens[j] for j in PATH], whole=fed_steps)
+    res["unmoved"] = _not_kept(before, writes, captures, tree, cache, ref)
     res["commit"] = _decode_diff(model, cache, ref, decode)
     # A chain is mlx-lm's own chain verify (a plain forward, recurrent layers
     # through their multi-token path; a ring laid out as one-token steps see
@@ -332,10 +350,34 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
     return res
 
 
+def _not_kept(before, writes, captures, tree, committed, ref) -> str:
+    """Data movement, bit for bit on every backend: what differs between the
+    committed cache and the verify's own rows (and kept recurrent states) of
+    PATH fed to a copy of ``before`` ('' when nothing does). A field that
+    differs from that replay but is bit for bit ``ref``'s (a cache fed only
+    the path by mlx-lm) is one the model writes itself outside its cache's
+    update (deepseek_v32's indexer zeroes its values after each update): the
+    commit kept what classic decoding would hold there."""
+    try:
+        expected = moved(copy.deepcopy(before), writes, PATH, len(tree), captures, committed)
+        bad = set(mismatches(committed, copy.deepcopy(ref)))
+        return ", ".join([m for m in mismatches(committed, expected) if m in bad][:3])
+    except ValueError as e:  # a layer it cannot check: say so rather than pass it
+        return f"not checkable: {e}"
+
+
 def _decode_diff(model, ours, ref, tokens) -> float:
     """Worst difference of one-token decode steps on two caches."""
     return max(_maxdiff(forward(model, ours, [t])[-1], forward(model, ref, [t])[-1])
                for t in tokens)
+
+
+def _inputs():
+    """(prompt, tree, decode tokens): the same for every family."""
+    rng = np.random.RandomState(1)
+    prompt = [int(t) for t in rng.randint(0, 256, LONG)]
+    tree = DraftTree([int(t) for t in rng.randint(0, 256, len(PARENTS))], PARENTS)
+    return prompt, tree, [int(t) for t in rng.randint(0, 256, 3)]
 
 
 def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
@@ -345,10 +387,7 @@ def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
         model = build(name) if model is None else model
     except BaseException as e:  # an import may sys.exit (olmo needs ai2-olmo)
         return Outcome(name, CANNOT_RUN, f"mlx-lm cannot build it: {type(e).__name__}: {e}"[:200])
-    rng = np.random.RandomState(1)
-    prompt = [int(t) for t in rng.randint(0, 256, LONG)]
-    tree = DraftTree([int(t) for t in rng.randint(0, 256, len(PARENTS))], PARENTS)
-    decode = [int(t) for t in rng.randint(0, 256, 3)]
+    prompt, tree, decode = _inputs()
     try:
         forward(model, make_prompt_cache(model), prompt[:SHORT], stepped=False)
     except Exception as e:
@@ -359,11 +398,14 @@ def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
     except TreeRefused as e:
         return Outcome(name, REFUSED, e.reason)
     notes, root_rows, wrong, scan, prefix, chain, multi_token = [], [], [], 0.0, 0.0, 0.0, 0.0
+    unmoved = []
     for label, p in (("short", prompt[:SHORT]), ("long", prompt)):
         try:
             res = _check_history(model, adapter, p, tree, decode)
         except (TreeRefused, RollbackRefused) as e:
             return Outcome(name, REFUSED, f"{label} history: {e}")
+        if res["unmoved"]:
+            unmoved.append(f"{label} history: {res['unmoved']}")
         bad = [] if res["multi_token"] else [
             i for i, d in enumerate(res["diffs"]) if d and not (i == 0 and res.get("root_documented"))]
         if res["multi_token"]:
@@ -386,12 +428,62 @@ def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
     if prefix:
         notes.append(f"mlx-lm's forward over 3 tokens differs from the first 3 rows of its "
                      f"forward over 4 by {prefix:.2g}: a chain's commit inherits it ({chain:.2g})")
+    if unmoved:
+        notes.append(f"the commit kept other rows than the verify wrote: {'; '.join(unmoved)}")
+    kept = dict(unmoved="; ".join(unmoved), model=model, factory=factory)
     if wrong:
-        return Outcome(name, WRONG, "; ".join(wrong), notes)
+        return Outcome(name, WRONG, "; ".join(wrong), notes, **kept)
     if multi_token:
         return Outcome(name, MULTI_TOKEN, f"every row is mlx-lm's multi-token forward over its "
-                       f"root path, {multi_token:.2g} from its one-token steps", notes + root_rows)
+                       f"root path, {multi_token:.2g} from its one-token steps", notes + root_rows,
+                       **kept)
     if root_rows:
         return Outcome(name, ROOT_ROW, f"root row vs the root's one-token step: "
-                       f"{', '.join(root_rows)}", notes)
-    return Outcome(name, EXACT, "", notes)
+                       f"{', '.join(root_rows)}", notes, **kept)
+    return Outcome(name, EXACT, "", notes, **kept)
+
+
+# -- where the backend is not exact ---------------------------------------------
+
+RECURRENCE_CONTROL = "flattened recurrence"
+
+
+def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
+    """The family's verify rows from both histories against the sweep's own
+    references (classic decoding over each node's root path), judged by
+    suites/verify's rule against this backend's envelope (treespec.numerics),
+    the worse of the two histories. For a backend that is not bit-exact,
+    where comparing bit for bit says nothing.
+
+    The negative controls are numerics' (flattened positions, a causal mask,
+    a leaked sibling) and, for recurrent layers, the same tree let through
+    the unmodified recurrence (siblings see each other's states). A control
+    whose rows are bit for bit the verify's own changes nothing this model
+    computes (no attention reads that mask, no recurrent state sees that
+    order: a pure SSM has no attention controls, a transformer no recurrent
+    one) and is left out; with none left the verdict is inconclusive."""
+    model, adapter = outcome.model, outcome.factory(outcome.model)
+    prompt, tree, _ = _inputs()
+    steps = latent(model)
+    verdicts = []
+    for label, p in (("short", prompt[:SHORT]), ("long", prompt)):
+        cache = make_prompt_cache(model)
+        forward(model, cache, p, stepped=False)
+        before = copy.deepcopy(cache)
+        rows = adapter.verify(tree, cache)
+        mx.eval(rows)
+        refs = mx.stack([forward(model, copy.deepcopy(before), [tree.tokens[j] for j in tree.path_to(i)],
+                                 whole=steps)[-1] for i in range(len(tree))])
+        env = lambda n=len(p): numerics.envelope(model, n, numerics.widths_of(tree, 2))
+        controls = lambda b=before, r=refs, g=rows: _controls(model, b, tree, r, g)
+        verdicts.append(numerics.judge(rows, refs, env, controls,
+                                       what=f"{label} history, node rows vs classic decoding"))
+    return numerics.worst(verdicts)
+
+
+def _controls(model, before, tree, refs, rows) -> dict:
+    candidates = dict(numerics.control_rows(model, before, tree) or {})
+    flat = adapter_for(model, recurrent=Flattened()).verify(tree, copy.deepcopy(before))
+    mx.eval(flat)
+    candidates[RECURRENCE_CONTROL] = flat
+    return {k: _maxdiff(v, refs) for k, v in candidates.items() if _maxdiff(v, rows) > 0}

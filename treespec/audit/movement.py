@@ -98,6 +98,8 @@ def moved(pre: Sequence, writes: Dict[tuple, list], path: Sequence[int], n: int,
     for where, c in leaves.items():
         if mode_of(c).attention:
             calls = writes.get(where, [])
+            if not calls:  # a layer the verify never updated (nemotron-nas's no-op
+                continue  # attention blocks) must keep what it held
             if len(calls) != 1:
                 raise ValueError(f"layer {where}: the verify updated it {len(calls)} times, not once")
             keys, values = calls[0]
