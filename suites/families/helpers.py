@@ -461,7 +461,8 @@ def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
     whose rows are bit for bit the verify's own changes nothing this model
     computes (no attention reads that mask, no recurrent state sees that
     order: a pure SSM has no attention controls, a transformer no recurrent
-    one) and is left out; with none left the verdict is inconclusive."""
+    one) and is left out, as is flattening positions in a model with no rope
+    and no per-position input; with none left the verdict is inconclusive."""
     model, adapter = outcome.model, outcome.factory(outcome.model)
     prompt, tree, _ = _inputs()
     steps = latent(model)
@@ -483,6 +484,13 @@ def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
 
 def _controls(model, before, tree, refs, rows) -> dict:
     candidates = dict(numerics.control_rows(model, before, tree) or {})
+    real = adapter_for(model)
+    if not real.check_model() and not real.family.positions:
+        # No rope and no per-position input: nothing reads a node's position
+        # (kimi_linear's latent attention carries none), so flattening them
+        # is no defect of this model; its rows differ from the verify's only
+        # by the route the control takes (a multi-token forward, not NodeSteps).
+        candidates.pop(numerics.CONTROLS[0], None)
     flat = adapter_for(model, recurrent=Flattened()).verify(tree, copy.deepcopy(before))
     mx.eval(flat)
     candidates[RECURRENCE_CONTROL] = flat
