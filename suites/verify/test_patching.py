@@ -3,6 +3,9 @@ a verify, even one whose forward raised; no class is ever touched; a target
 and its drafter verified in turn (or one inside the other's forward) never
 see each other's patches."""
 
+import copy
+
+import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import RotatingKVCache
 
@@ -73,6 +76,33 @@ def test_nothing_stays_patched_after_a_verify():
     before_ropes = ropes(model)
     adapter_for(model).verify(helpers.branching_trees("gemma4_text")["fan"], cache)
     assert_unpatched(model, cache, before_ropes)
+
+
+def _swap(model, what):
+    layers = model.model.layers
+    if what == "a layer":
+        layers[1] = copy.deepcopy(layers[1])
+    elif what == "the layer list":
+        model.model.layers = [copy.deepcopy(layer) for layer in layers]
+    else:
+        layers[1].self_attn.rope = copy.deepcopy(layers[1].self_attn.rope)
+
+
+@pytest.mark.parametrize("what", ["a layer", "the layer list", "a rope"])
+def test_a_module_swapped_after_a_verify_gets_the_tree_positions_at_the_next(what):
+    """The adapter remembers the rope owners it walked for while the module
+    tree is unchanged (treespec.verify.module_tree); a layer, the layer list
+    or one rope replaced after a verify (equal copies, so the rows must not
+    move) is walked for again: every node's row is still its root path's."""
+    model = zoo.build("llama")  # not the lru-cached model: its modules are replaced
+    adapter = adapter_for(model)
+    tree = helpers.branching_trees("llama")["bushy"]
+    hist = helpers.history(6)
+    mx.eval(adapter.verify(tree, hist.replay(model)))
+    _swap(model, what)
+    cache = hist.replay(model)
+    before = clone(cache)
+    assert_rows_are_root_path_forwards(model, before, tree, adapter.verify(tree, cache))
 
 
 def test_a_target_and_its_drafter_verified_together_do_not_interfere():

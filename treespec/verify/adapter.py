@@ -36,6 +36,7 @@ from ..models import model_type, vocab_size
 from ..tree import DraftTree
 from .attention import rope_owners, rope_refusal, tree_injected
 from .guard import restored_on_error, taking_turns
+from .module_tree import ModuleTree
 from .per_node import one_token_attentions
 from .positions import position_inputs
 from .recurrent import RecurrentStrategy, recurrent_strategy
@@ -79,8 +80,9 @@ class TreeAdapter:
         if hasattr(recurrent, "use"):
             recurrent.use(model, found)
         self._skip = frozenset(id(m.module) for m in found.mixers)
-        # The modules receiving per-position values, found once (each verify
-        # walks the ropes again: one may be swapped after the adapter is made).
+        # The modules receiving per-position values, found once (the ropes
+        # are found again whenever the module tree changed: one may be
+        # swapped after the adapter is made).
         self._positions = position_inputs(model) if family.positions else []
         # Attentions whose one-token step is a code path of its own: every
         # verify of 2+ nodes, chains too, runs their nodes as one-token steps
@@ -88,6 +90,10 @@ class TreeAdapter:
         self._one_token = one_token_attentions(model)
         self._last: Optional[_Verified] = None
         self._vocab: Optional[int] = None
+        # The rope owners of the last walk, valid while the module tree is
+        # the snapshot's (treespec.verify.module_tree).
+        self._owners: Optional[list] = None
+        self._tree: Optional[ModuleTree] = None
 
     def vocab(self) -> int:
         """The width of the model's logits: node tokens must be below it."""
@@ -121,10 +127,14 @@ class TreeAdapter:
     def check_model(self) -> list:
         """Raise TreeRefused if some attention's RoPE cannot take per-node
         positions (also run by adapter_for, and again by every check: a rope
-        may be swapped after the adapter was made). Returns the rope owners
+        may be swapped after the adapter was made; the owners are walked for
+        again only when the module tree changed). Returns the rope owners
         (none for an attention without rope: no position to give it)."""
         attr = self.family.rope_attr
-        owners = rope_owners(self.model, attr, self._skip)
+        if self._owners is None or self._tree.changed():
+            self._tree = ModuleTree(self.model)
+            self._owners = rope_owners(self.model, attr, self._skip)
+        owners = self._owners
         for name, owner in owners:
             why = rope_refusal(owner[attr])
             if why:
