@@ -46,6 +46,7 @@ memoized: for a test that changes kernels for its own duration),
 
 import copy
 import random
+from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
@@ -65,16 +66,17 @@ from .verify import TreeAdapter, adapter_for
 from .verify.attention import injected, tree_mask
 from .verify.recurrence import TreeRecurrence
 
-__all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "INCONCLUSIVE", "SAFETY",
-           "SEPARATION", "TRIANGLE", "UNSOUND", "Verdict", "WITHIN", "WORDS", "control_rows",
-           "controls", "declined", "envelope", "judge", "measure", "tree_path_verdict", "unsound",
-           "widths_of", "worst"]
+__all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "INCONCLUSIVE", "RECURRENCE",
+           "SAFETY", "SEPARATION", "TRIANGLE", "UNSOUND", "Verdict", "WITHIN", "WORDS",
+           "control_rows", "controls", "declined", "envelope", "judge", "measure",
+           "tree_path_verdict", "unsound", "widths_of", "worst"]
 
 SAMPLES = 4  # contexts measured per bucket, and per extension
 MAX_SAMPLES = 12
 TAIL = 2.0  # a sample this far above the median: the rounding is heavy-tailed, measure more
 
 CONTROLS = ("flattened positions", "causal mask", "leaked sibling")
+RECURRENCE = "flattened recurrence"  # a model with recurrent layers: the tree through them unmodified
 SUBSTITUTED = "substituted token"
 
 
@@ -405,22 +407,50 @@ def _siblings(tree: DraftTree) -> Tuple[int, int]:
     raise ValueError("a linear tree has no siblings")
 
 
+class _FlatRecurrence:
+    """A recurrent strategy that lets a branching tree through the unmodified
+    recurrence (siblings fold into one state): the recurrence control."""
+
+    name = RECURRENCE
+
+    def refusal(self, model, caches, tree):
+        return None
+
+    @contextmanager
+    def inject(self, model, caches, tree):
+        yield
+
+    def kept_states(self) -> list:
+        return []
+
+
 def control_rows(model, base_cache, tree: DraftTree) -> Optional[Dict[str, mx.array]]:
     """Each negative control's verify rows over ``tree``, verified from a copy
     of ``base_cache``, or None for a linear tree (no control differs from it)
-    or a model treespec has no adapter for."""
+    or a model treespec has no adapter for. Only the controls this model can
+    express: flattening positions where a rope or a per-position input reads
+    them, the recurrence control where it has recurrent layers, and none
+    whose rows are bit for bit the correct verify's (a defect that changes
+    nothing this model computes: a pure SSM has no attention to leak into)."""
     if tree.is_linear():
         return None
     real = _adapter_or_none(model)
     if real is None:
         return None
+    defects = list(CONTROLS)
+    if not real.check_model() and not real.family.positions:
+        defects.remove(CONTROLS[0])  # nothing reads a node's position
     out = {}
-    for defect in CONTROLS:
+    for defect in defects:
         # A fresh recurrent strategy of the family's kind: it holds its verify's states.
         control = type(f"Control[{defect}]", (_Control,), {"defect": defect})(model, real.family)
         out[defect] = control.verify(tree, _clone(base_cache))
-        mx.eval(out[defect])
-    return out
+    if real.recurrent is not None:
+        out[RECURRENCE] = TreeAdapter(model, real.family, _FlatRecurrence(), real.found).verify(
+            tree, _clone(base_cache))
+    correct = real.verify(tree, _clone(base_cache))
+    mx.eval(correct, list(out.values()))
+    return {k: v for k, v in out.items() if not mx.array_equal(v, correct).item()}
 
 
 def controls(model, base_cache, tree: DraftTree, refs: mx.array) -> Optional[Dict[str, float]]:

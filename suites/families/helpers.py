@@ -72,7 +72,6 @@ from mlx_lm.models.mla import MultiLinear, QuantizedMultiLinear
 from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache
 
 from suites.families.helpers_configs import VARIANTS, config
-from suites.hybrid.helpers import Flattened
 from treespec import numerics
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.errors import RollbackRefused, TreeRefused
@@ -445,9 +444,6 @@ def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
 
 # -- where the backend is not exact ---------------------------------------------
 
-RECURRENCE_CONTROL = "flattened recurrence"
-
-
 def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
     """The family's verify rows from both histories against the sweep's own
     references (classic decoding over each node's root path), judged by
@@ -455,14 +451,9 @@ def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
     the worse of the two histories. For a backend that is not bit-exact,
     where comparing bit for bit says nothing.
 
-    The negative controls are numerics' (flattened positions, a causal mask,
-    a leaked sibling) and, for recurrent layers, the same tree let through
-    the unmodified recurrence (siblings see each other's states). A control
-    whose rows are bit for bit the verify's own changes nothing this model
-    computes (no attention reads that mask, no recurrent state sees that
-    order: a pure SSM has no attention controls, a transformer no recurrent
-    one) and is left out, as is flattening positions in a model with no rope
-    and no per-position input; with none left the verdict is inconclusive."""
+    The negative controls are numerics' (treespec.numerics.control_rows:
+    flattened positions, a causal mask, a leaked sibling, the tree through
+    the unmodified recurrence; those this model can express)."""
     model, adapter = outcome.model, outcome.factory(outcome.model)
     prompt, tree, _ = _inputs()
     steps = latent(model)
@@ -476,22 +467,7 @@ def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
         refs = mx.stack([forward(model, copy.deepcopy(before), [tree.tokens[j] for j in tree.path_to(i)],
                                  whole=steps)[-1] for i in range(len(tree))])
         env = lambda n=len(p): numerics.envelope(model, n, numerics.widths_of(tree, 2))
-        controls = lambda b=before, r=refs, g=rows: _controls(model, b, tree, r, g)
+        controls = lambda b=before, r=refs: numerics.controls(model, b, tree, r)
         verdicts.append(numerics.judge(rows, refs, env, controls,
                                        what=f"{label} history, node rows vs classic decoding"))
     return numerics.worst(verdicts)
-
-
-def _controls(model, before, tree, refs, rows) -> dict:
-    candidates = dict(numerics.control_rows(model, before, tree) or {})
-    real = adapter_for(model)
-    if not real.check_model() and not real.family.positions:
-        # No rope and no per-position input: nothing reads a node's position
-        # (kimi_linear's latent attention carries none), so flattening them
-        # is no defect of this model; its rows differ from the verify's only
-        # by the route the control takes (a multi-token forward, not NodeSteps).
-        candidates.pop(numerics.CONTROLS[0], None)
-    flat = adapter_for(model, recurrent=Flattened()).verify(tree, copy.deepcopy(before))
-    mx.eval(flat)
-    candidates[RECURRENCE_CONTROL] = flat
-    return {k: _maxdiff(v, refs) for k, v in candidates.items() if _maxdiff(v, rows) > 0}
