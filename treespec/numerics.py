@@ -66,10 +66,10 @@ from .verify import TreeAdapter, adapter_for
 from .verify.attention import injected, tree_mask
 from .verify.recurrence import TreeRecurrence
 
-__all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "INCONCLUSIVE", "RECURRENCE",
-           "SAFETY", "SEPARATION", "TRIANGLE", "UNSOUND", "Verdict", "WITHIN", "WORDS",
-           "control_rows", "controls", "declined", "envelope", "judge", "measure",
-           "tree_path_verdict", "unsound", "widths_of", "worst"]
+__all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "FlatRecurrence",
+           "INCONCLUSIVE", "RECURRENCE", "SAFETY", "SEPARATION", "TRIANGLE", "UNSOUND", "Verdict",
+           "WITHIN", "WORDS", "control_rows", "controls", "declined", "envelope", "judge",
+           "measure", "tree_path_verdict", "unsound", "widths_of", "worst"]
 
 SAMPLES = 4  # contexts measured per bucket, and per extension
 MAX_SAMPLES = 12
@@ -407,9 +407,10 @@ def _siblings(tree: DraftTree) -> Tuple[int, int]:
     raise ValueError("a linear tree has no siblings")
 
 
-class _FlatRecurrence:
+class FlatRecurrence:
     """A recurrent strategy that lets a branching tree through the unmodified
-    recurrence (siblings fold into one state): the recurrence control."""
+    recurrence (siblings fold into one state): the recurrence control, and
+    the suites' planted defect of the same name."""
 
     name = RECURRENCE
 
@@ -446,7 +447,7 @@ def control_rows(model, base_cache, tree: DraftTree) -> Optional[Dict[str, mx.ar
         control = type(f"Control[{defect}]", (_Control,), {"defect": defect})(model, real.family)
         out[defect] = control.verify(tree, _clone(base_cache))
     if real.recurrent is not None:
-        out[RECURRENCE] = TreeAdapter(model, real.family, _FlatRecurrence(), real.found).verify(
+        out[RECURRENCE] = TreeAdapter(model, real.family, FlatRecurrence(), real.found).verify(
             tree, _clone(base_cache))
     correct = real.verify(tree, _clone(base_cache))
     mx.eval(correct, list(out.values()))

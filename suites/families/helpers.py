@@ -281,8 +281,9 @@ class Outcome:
     detail: str = ""
     notes: List[str] = field(default_factory=list)
     unmoved: str = ""  # a commit that kept other rows than the verify wrote, and where
-    model: object = field(default=None, repr=False)  # what envelope_verdict judges again
-    factory: Callable = field(default=adapter_for, repr=False)
+    model: object = field(default=None, repr=False)
+    # per history: (label, context, cache before the verify, verify rows, references)
+    judged: list = field(default_factory=list, repr=False)
 
     def line(self) -> str:
         extra = "".join(f"; {n}" for n in self.notes)
@@ -300,17 +301,18 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
     # the recurrent inputs the verify recorded (its commit consumes them)
     captures = getattr(getattr(adapter, "_last", None), "captures", None)
     steps = latent(model)  # the reference is classic decoding itself
-    diffs, plain_ok = [], {}
+    diffs, plain_ok, refs = [], {}, []
     for i in range(len(tree)):
         path = [tree.tokens[j] for j in tree.path_to(i)]
         ref = forward(model, copy.deepcopy(before), path, whole=steps)[-1]
+        refs.append(ref)
         diffs.append(_maxdiff(ref, rows[i]))
         if steps and diffs[-1] and len(path) > 1:
             # kept on the multi-token path: documented only where the row is
             # mlx-lm's multi-token forward and that differs from the steps
             plain = forward(model, copy.deepcopy(before), path)[-1]
             plain_ok[i] = _maxdiff(plain, rows[i]) == 0.0 and _maxdiff(plain, ref) > 0
-    res = {"diffs": diffs, "wrapped": any(
+    res = {"diffs": diffs, "judged": (before, rows, mx.stack(refs)), "wrapped": any(
         type(c) is RotatingKVCache and c.offset >= c.max_size for _, c in _leaves(before))}
     if diffs[0]:
         two = forward(model, copy.deepcopy(before), [tree.tokens[0], tree.tokens[1]])[0]
@@ -397,12 +399,13 @@ def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
     except TreeRefused as e:
         return Outcome(name, REFUSED, e.reason)
     notes, root_rows, wrong, scan, prefix, chain, multi_token = [], [], [], 0.0, 0.0, 0.0, 0.0
-    unmoved = []
+    unmoved, judged = [], []
     for label, p in (("short", prompt[:SHORT]), ("long", prompt)):
         try:
             res = _check_history(model, adapter, p, tree, decode)
         except (TreeRefused, RollbackRefused) as e:
             return Outcome(name, REFUSED, f"{label} history: {e}")
+        judged.append((label, len(p), *res["judged"]))
         if res["unmoved"]:
             unmoved.append(f"{label} history: {res['unmoved']}")
         bad = [] if res["multi_token"] else [
@@ -429,7 +432,7 @@ def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
                      f"forward over 4 by {prefix:.2g}: a chain's commit inherits it ({chain:.2g})")
     if unmoved:
         notes.append(f"the commit kept other rows than the verify wrote: {'; '.join(unmoved)}")
-    kept = dict(unmoved="; ".join(unmoved), model=model, factory=factory)
+    kept = dict(unmoved="; ".join(unmoved), model=model, judged=judged)
     if wrong:
         return Outcome(name, WRONG, "; ".join(wrong), notes, **kept)
     if multi_token:
@@ -446,7 +449,8 @@ def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
 
 def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
     """The family's verify rows from both histories against the sweep's own
-    references (classic decoding over each node's root path), judged by
+    references (classic decoding over each node's root path), both as
+    :func:`run` computed them, judged by
     suites/verify's rule against this backend's envelope (treespec.numerics),
     the worse of the two histories. For a backend that is not bit-exact,
     where comparing bit for bit says nothing.
@@ -454,19 +458,10 @@ def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
     The negative controls are numerics' (treespec.numerics.control_rows:
     flattened positions, a causal mask, a leaked sibling, the tree through
     the unmodified recurrence; those this model can express)."""
-    model, adapter = outcome.model, outcome.factory(outcome.model)
-    prompt, tree, _ = _inputs()
-    steps = latent(model)
-    verdicts = []
-    for label, p in (("short", prompt[:SHORT]), ("long", prompt)):
-        cache = make_prompt_cache(model)
-        forward(model, cache, p, stepped=False)
-        before = copy.deepcopy(cache)
-        rows = adapter.verify(tree, cache)
-        mx.eval(rows)
-        refs = mx.stack([forward(model, copy.deepcopy(before), [tree.tokens[j] for j in tree.path_to(i)],
-                                 whole=steps)[-1] for i in range(len(tree))])
-        env = lambda n=len(p): numerics.envelope(model, n, numerics.widths_of(tree, 2))
+    model, verdicts = outcome.model, []
+    tree = _inputs()[1]
+    for label, context, before, rows, refs in outcome.judged:
+        env = lambda n=context: numerics.envelope(model, n, numerics.widths_of(tree, 2))
         controls = lambda b=before, r=refs: numerics.controls(model, b, tree, r)
         verdicts.append(numerics.judge(rows, refs, env, controls,
                                        what=f"{label} history, node rows vs classic decoding"))

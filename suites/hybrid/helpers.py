@@ -2,7 +2,6 @@
 gated-delta family, cache snapshots and comparisons, the verify call, and the
 attention-side commit (a row gather) the recurrent commit is checked with."""
 
-from contextlib import contextmanager
 from types import SimpleNamespace as NS
 
 import mlx.core as mx
@@ -104,21 +103,9 @@ def prefill(model, tokens):
 # -- verify -------------------------------------------------------------------
 
 
-class Flattened:
-    """A recurrent strategy that lets a branching tree through the unmodified
-    recurrence: the silent corruption the suite must catch."""
-
-    name = "flattened (deliberately wrong)"
-
-    def refusal(self, model, caches, tree):
-        return None
-
-    @contextmanager
-    def inject(self, model, caches, tree):
-        yield
-
-    def kept_states(self):
-        return []
+# The silent corruption the suite must catch: a branching tree let through
+# the unmodified recurrence (numerics' recurrence control, planted here).
+Flattened = numerics.FlatRecurrence
 
 
 def verify(model, tree, cache, strategy):
