@@ -16,7 +16,7 @@ from suites.rollback.helpers_caches import BUSH
 from suites.rollback.helpers_models import rounds_then_decode
 from suites.verify import helpers as verify_helpers
 from suites.verify.helpers import clone, root_path_verdict
-from treespec import audit, numerics, zoo
+from treespec import audit, numerics, soundness, zoo
 from treespec.audit.states import CacheMode, History, replay
 from treespec.gate import decide, shapes_for
 from treespec.tree import DraftTree
@@ -39,13 +39,15 @@ SIZED = {
 
 @lru_cache(maxsize=None)
 def sized(family: str = "llama", head_dim: int = 64, bits: Optional[int] = None,
-          group: int = 64, window: Optional[int] = None):
+          group: int = 64, window: Optional[int] = None, widths: tuple = soundness.ROWS):
+    """A size-matrix model; quantized (``bits``), its products probed sound
+    at ``widths`` (the widths its test multiplies with) first."""
     over = {**SIZED[family], "head_dim": head_dim}
     if family == "gemma3_text":
         over["query_pre_attn_scalar"] = head_dim
         if window:
             over["sliding_window"] = window
-    return require_sound(zoo.build(family, "float32", bits, group_size=group, overrides=over))
+    return require_sound(zoo.build(family, "float32", bits, group_size=group, overrides=over), widths)
 
 
 def tree(n: int, seed: int) -> DraftTree:

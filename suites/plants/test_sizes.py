@@ -26,11 +26,15 @@ from treespec.verify import adapter_for
 pytestmark = pytest.mark.exactness
 
 
+def sized_tree(context, nodes):
+    return P.tree(nodes, nodes + context)
+
+
 def verify_sized(model, context, nodes, kv=None, mode=""):
     hist, cache_mode = P.history(context, kv)
     cache = replay(model, hist, cache_mode)
     before = clone(cache)
-    tree = P.tree(nodes, nodes + context)
+    tree = sized_tree(context, nodes)
     logits = adapter_for(model).verify(tree, cache)
     mx.eval(logits)
     assert logits.shape[0] == nodes
@@ -56,12 +60,23 @@ def test_every_node_matches_its_root_path_past_a_realistic_sliding_window(window
 # Slow, not minutes: each row meets kernels of its own (bits, group) that a
 # backend compiling on first use (MLX's CUDA) builds then; a row is long only
 # where all fifteen compile at once on a fresh machine, which the minutes tier
-# (scheduled first, all together) made them do.
+# (scheduled first, all together) made them do. MLX's CUDA backend compiles
+# one quantized-matmul kernel per (dtype, bits, group) and row tile (16, 32 or
+# 64 rows, from 8 rows on): a 32-token context keeps every forward of the row
+# (prompt, envelope samples of its context bucket, the 32-node verify) within
+# the 16- and 32-row tiles, and the soundness probe runs at the widths the row
+# multiplies with, not at soundness.ROWS (whose 33 rows would compile the
+# 64-row tile for this row alone).
+QUANTIZED_CONTEXT, QUANTIZED_NODES = 32, 32
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_every_node_matches_its_root_path_with_quantized_weights(bits, group):
-    verify_sized(P.sized("llama", 64, bits, group), 40, 32, mode=f"g{group}")
+    c, n = QUANTIZED_CONTEXT, QUANTIZED_NODES
+    widths = numerics.widths_of(sized_tree(c, n), c)
+    verify_sized(P.sized("llama", 64, bits, group, widths=widths), c, n, mode=f"g{group}")
 
 
 @pytest.mark.parametrize("head_dim, kv", [
