@@ -109,11 +109,27 @@ def _diff(a: mx.array, b: mx.array) -> float:
     return float("nan") if d != d else float(d)
 
 
+class _PrefillUnsound(Exception):
+    """A sample's context is a width at which the model's quantized products
+    are unsound (treespec.soundness.faults, carried in ``faults``)."""
+
+    def __init__(self, faults):
+        super().__init__("; ".join(map(str, faults)))
+        self.faults = tuple(faults)
+
+
 class _Sample:
     """One random context, and single-token steps over one random chain from
     it, extended as wider widths are asked for."""
 
     def __init__(self, model, kv, context: int, seed):
+        # The prefill multiplies at ``context`` rows, a width the comparison's
+        # own probe (_unsound) need not cover: probed first, so that an
+        # unsound kernel there makes the envelope unsound instead of raising
+        # from MLX (on the H200 a quantized product raised at 9 rows).
+        found = kernel_faults(model, (context,)) if context > 0 else ()
+        if found:
+            raise _PrefillUnsound(found)
         self.model, self.context, self.rng = model, context, random.Random(repr(seed))
         v = vocab_size(model)
         self.base = _time_ordered(model, *kv, [self.rng.randrange(v) for _ in range(context)])
@@ -342,19 +358,24 @@ def envelope(model, context: int, widths: Sequence[int], kv_bits: Optional[int] 
     if unsound is not None:
         return unsound
     key = (id(model), kv_bits, kv_group, lo, adapter_name)
-    if key not in _MEMO:
-        _MEMO[key] = Measurement(model, adapter, context, kv_bits, kv_group, tag)
-    return _MEMO[key].envelope(widths)
+    try:
+        if key not in _MEMO:
+            _MEMO[key] = Measurement(model, adapter, context, kv_bits, kv_group, tag)
+        return _MEMO[key].envelope(widths)
+    except _PrefillUnsound as e:
+        return _unsound_envelope(tag, widths, e.faults)
 
 
 def _unsound(model, widths: Sequence[int], key: str) -> Optional[Envelope]:
     """The envelope that is none: where the model's quantized products are
     unsound at these widths (treespec.soundness), nothing is measured and
     every comparison judged with it is inconclusive, naming the fault."""
+    found = kernel_faults(model, tuple(sorted({int(w) for w in widths} | {1})))
+    return _unsound_envelope(key, widths, found) if found else None
+
+
+def _unsound_envelope(key: str, widths: Sequence[int], found) -> Envelope:
     widths = tuple(sorted({int(w) for w in widths} | {1}))
-    found = kernel_faults(model, widths)
-    if not found:
-        return None
     return Envelope(key, widths, (), float("nan"), None, None, faults=tuple(map(str, found)))
 
 
@@ -366,7 +387,10 @@ def measure(model, context: int, widths: Sequence[int], kv_bits=None, kv_group=N
     unsound = _unsound(model, widths, key)
     if unsound is not None:
         return unsound
-    return Measurement(model, adapter, context, kv_bits, kv_group, key, seed).envelope(widths)
+    try:
+        return Measurement(model, adapter, context, kv_bits, kv_group, key, seed).envelope(widths)
+    except _PrefillUnsound as e:
+        return _unsound_envelope(key, widths, e.faults)
 
 
 # -- negative controls ----------------------------------------------------------

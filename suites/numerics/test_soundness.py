@@ -57,8 +57,8 @@ PLANTS = {
 def planted(monkeypatch):
     monkeypatch.setattr(soundness, "_MEMO", {})
 
-    def plant(name):
-        monkeypatch.setattr(mx, "quantized_matmul", PLANTS[name])
+    def plant(fault):  # a name of PLANTS, or the replacement itself
+        monkeypatch.setattr(mx, "quantized_matmul", PLANTS.get(fault, fault))
     return plant
 
 
@@ -100,6 +100,20 @@ def test_comparisons_on_unsound_kernels_are_inconclusive_never_a_pass(planted, q
     assert v.word == numerics.INCONCLUSIVE and numerics.UNSOUND in v.detail
     assert numerics.judge(a + 1.0, a, env).word == numerics.INCONCLUSIVE  # not FAIL: no bound
     assert numerics.judge(a, a, env).word == numerics.BIT_EXACT  # equal bytes are equal anywhere
+
+
+@pytest.mark.parametrize("measured", ["envelope", "measure"])
+def test_a_kernel_unsound_only_at_a_samples_prefill_width_makes_the_envelope_unsound(
+        measured, planted):
+    """The envelope's samples prefill contexts spread over the bucket (9-32
+    for a context of 20, its first at 9 rows), widths the comparison's own
+    probe (1-3 here) does not cover: a kernel that raises only there gives an
+    unsound envelope naming it, not MLX's error out of the measurement."""
+    model = zoo.build("llama", "float32", 4)  # fresh: no envelope of it memoized
+    planted(lambda x, *a, **k: (PLANTS["raises"] if _rows(x) == 9 else SOUND)(x, *a, **k))
+    env = getattr(numerics, measured)(model, 20, (1, 2, 3))
+    assert env.faults, env.line()
+    assert "at 9 rows" in env.faults[0] and "raises" in env.faults[0], env.faults
 
 
 def test_unsound_kernels_fail_an_exact_regime_and_skip_elsewhere(planted, q4, monkeypatch):
