@@ -12,7 +12,8 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 
 from treespec.caches import rotating_kept
-from treespec.verify import ChainOnly, TreeAdapter, adapter_for
+from treespec.numerics import FlatRecurrence
+from treespec.verify import TreeAdapter, adapter_for
 from treespec.verify.attention import tree_injected
 from treespec.walk import Walk, tree_walk
 
@@ -75,18 +76,6 @@ class TailTrim(TreeAdapter):
         return len(path)
 
 
-class Flattened(ChainOnly):
-    """A recurrent strategy that does not refuse: the flattened tree goes
-    through the unmodified GatedDeltaNet, folding siblings into one state."""
-
-    def __init__(self):
-        super().__init__("GatedDeltaNet")
-        self.name = "flattened GatedDeltaNet"
-
-    def refusal(self, model, caches, tree):
-        return None
-
-
 class LastSibling(TreeAdapter):
     """The real verify and rollback, but a walk that takes the LAST matching
     sibling (contract 3: the first child wins)."""
@@ -131,7 +120,9 @@ def tail_trim(model):
 
 
 def flattened_recurrence(model):
-    return adapter_for(model, recurrent=Flattened())
+    # the flattened tree through the unmodified recurrence, folding siblings
+    # into one state (numerics' recurrence control is this same defect)
+    return adapter_for(model, recurrent=FlatRecurrence())
 
 
 def last_sibling(model):
