@@ -264,7 +264,7 @@ class Measurement:
         return self._controls
 
     def envelope(self, widths: Sequence[int], with_controls: bool = True) -> Envelope:
-        widths = tuple(sorted({int(w) for w in widths} | {1}))
+        widths = _with_one(widths)
         n = -1
         while n != len(self.samples):  # a width that asks for more samples re-measures the others
             n = len(self.samples)
@@ -354,29 +354,43 @@ def envelope(model, context: int, widths: Sequence[int], kv_bits: Optional[int] 
     lo, hi = bucket(context)
     name = label or getattr(model, "model_type", type(model).__name__)
     tag = f"{name}, context {lo}-{hi}" + (f", kv {kv_bits}-bit g{kv_group}" if kv_bits else "")
-    unsound = _unsound(model, widths, tag)
-    if unsound is not None:
-        return unsound
     key = (id(model), kv_bits, kv_group, lo, adapter_name)
-    try:
+
+    def memoized():
         if key not in _MEMO:
             _MEMO[key] = Measurement(model, adapter, context, kv_bits, kv_group, tag)
-        return _MEMO[key].envelope(widths)
+        return _MEMO[key]
+    return _measured(model, widths, tag, memoized)
+
+
+def _measured(model, widths: Sequence[int], key: str, measurement) -> Envelope:
+    """``measurement()``'s envelope over ``widths``, or the unsound one where
+    the model's quantized products are unsound at these widths or at a
+    sample's prefill width."""
+    unsound = _unsound(model, widths, key)
+    if unsound is not None:
+        return unsound
+    try:
+        return measurement().envelope(widths)
     except _PrefillUnsound as e:
-        return _unsound_envelope(tag, widths, e.faults)
+        return _unsound_envelope(key, widths, e.faults)
 
 
 def _unsound(model, widths: Sequence[int], key: str) -> Optional[Envelope]:
     """The envelope that is none: where the model's quantized products are
     unsound at these widths (treespec.soundness), nothing is measured and
     every comparison judged with it is inconclusive, naming the fault."""
-    found = kernel_faults(model, tuple(sorted({int(w) for w in widths} | {1})))
+    found = kernel_faults(model, _with_one(widths))
     return _unsound_envelope(key, widths, found) if found else None
 
 
+def _with_one(widths: Sequence[int]) -> Tuple[int, ...]:
+    return tuple(sorted({int(w) for w in widths} | {1}))
+
+
 def _unsound_envelope(key: str, widths: Sequence[int], found) -> Envelope:
-    widths = tuple(sorted({int(w) for w in widths} | {1}))
-    return Envelope(key, widths, (), float("nan"), None, None, faults=tuple(map(str, found)))
+    return Envelope(key, _with_one(widths), (), float("nan"), None, None,
+                    faults=tuple(map(str, found)))
 
 
 def measure(model, context: int, widths: Sequence[int], kv_bits=None, kv_group=None,
@@ -384,13 +398,8 @@ def measure(model, context: int, widths: Sequence[int], kv_bits=None, kv_group=N
     """:func:`envelope` measured afresh, remembered nowhere: for code that
     changes kernels for its own duration (a planted regression)."""
     key = f"fresh, context {context}"
-    unsound = _unsound(model, widths, key)
-    if unsound is not None:
-        return unsound
-    try:
-        return Measurement(model, adapter, context, kv_bits, kv_group, key, seed).envelope(widths)
-    except _PrefillUnsound as e:
-        return _unsound_envelope(key, widths, e.faults)
+    return _measured(model, widths, key,
+                     lambda: Measurement(model, adapter, context, kv_bits, kv_group, key, seed))
 
 
 # -- negative controls ----------------------------------------------------------

@@ -21,7 +21,6 @@ from suites.verdict import KERNELS, expect
 from suites.verify.helpers import assert_rows_are_root_path_forwards, clone
 from treespec import numerics
 from treespec.audit.states import replay
-from treespec.verdicts import bucket
 from treespec.verify import adapter_for
 
 pytestmark = pytest.mark.exactness
@@ -65,20 +64,14 @@ def test_every_node_matches_its_root_path_past_a_realistic_sliding_window(window
 # one quantized-matmul kernel per (dtype, bits, group) and row tile (16, 32 or
 # 64 rows, from 8 rows on): a 32-token context keeps every forward of the row
 # (prompt, envelope samples of its context bucket, the 32-node verify) within
-# the 16- and 32-row tiles. The soundness probe runs at every width the row
-# multiplies with, not at soundness.ROWS (whose 33 rows would compile the
-# 64-row tile for this row alone): its tree's, its prompt's, and every width
-# of its context bucket, which the envelope's samples prefill. Measured on the
-# H200 (2516a17): probed at the tree's widths and 32 only, groups of 128 at
+# the 16- and 32-row tiles. The soundness probe runs at the widths the row
+# multiplies with (its tree's and its prompt's), not at soundness.ROWS (whose
+# 33 rows would compile the 64-row tile for this row alone); the envelope
+# probes each of its samples' prefill widths itself (treespec.numerics).
+# Measured on the H200 (2516a17), before the envelope did: groups of 128 at
 # 2, 3 and 6 bits passed the probe and then raised MLX's "cuGraphAddKernelNode
 # ... invalid argument" in a sample's 9-token prefill.
 QUANTIZED_CONTEXT, QUANTIZED_NODES = 32, 32
-
-
-def quantized_row_widths(context, nodes):
-    lo, hi = bucket(context)
-    return tuple(sorted({*numerics.widths_of(sized_tree(context, nodes), context),
-                         *range(lo, hi + 1)}))
 
 
 @pytest.mark.slow
@@ -86,7 +79,7 @@ def quantized_row_widths(context, nodes):
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_every_node_matches_its_root_path_with_quantized_weights(bits, group):
     c, n = QUANTIZED_CONTEXT, QUANTIZED_NODES
-    widths = quantized_row_widths(c, n)
+    widths = numerics.widths_of(sized_tree(c, n), c)
     verify_sized(P.sized("llama", 64, bits, group, widths=widths), c, n, mode=f"g{group}")
 
 
