@@ -205,11 +205,8 @@ class Measurement:
             rows += [self._measure(s, m, i < SAMPLES) for i, s in enumerate(self.samples)
                      if i >= len(rows)]
             plains = sorted(r[0] for r in rows)
-            # A width no sample separates from single steps is believed only
-            # on MAX_SAMPLES contexts: on an inexact BLAS a width can agree
-            # bit for bit on a few contexts and differ on others (OpenBLAS's
-            # Cooperlake kernels at 2 rows: 0 on four samples, 1e-6 in the
-            # test's own context), and a 0 envelope makes any difference FAIL.
+            # A zero (any difference FAILs) is believed on MAX_SAMPLES contexts
+            # only: OpenBLAS's Cooperlake kernels gave 0 on four, 1e-6 on others.
             if len(self.samples) < MAX_SAMPLES and (
                     plains[-1] == 0 or plains[-1] > TAIL * plains[len(plains) // 2]):
                 self._more(SAMPLES)
