@@ -1,8 +1,8 @@
 """Project-wide pytest setup: markers, hypothesis profiles, golden snapshots,
-``--blas`` (the CPU regime), the verdict table (suites/verdict.py), and a
-private folder for the probe's disk memo."""
+``--blas`` (the CPU regime), the verdict table (suites/verdict.py), the
+order tests reach xdist's workers (suites/scheduling.py), and a private
+folder for the probe's disk memo."""
 
-import itertools
 import os
 import shutil
 import sys
@@ -27,7 +27,7 @@ from treespec import blas
 
 GOLDEN = Path(__file__).parent / "golden"
 
-pytest_plugins = ["suites.verdict", "suites.planted", "suites.backend"]
+pytest_plugins = ["suites.verdict", "suites.planted", "suites.backend", "suites.scheduling"]
 
 # `ci` is deterministic (derandomized, no example database) so a red run is
 # reproducible from the commit alone; `dev` searches much harder.
@@ -90,17 +90,9 @@ def _choose_blas(config):
 
 def pytest_configure(config):
     _choose_blas(config)
-    # xdist hands out two tests at a time in the scheduled order (see
-    # pytest_collection_modifyitems) unless told otherwise; set here, not in
-    # addopts, so a run with ``-p no:xdist`` still parses its command line.
-    if getattr(config.option, "maxschedchunk", 0) is None:
-        config.option.maxschedchunk = 1
     config.addinivalue_line(
         "markers", "exactness: checks one of the ten exactness contracts (the CI gate)"
     )
-    config.addinivalue_line(
-        "markers", "slow: takes more than a few seconds on some backend (scheduled first); "
-                   "slow('minutes'): a minute or more (scheduled before those)")
     profile = (
         config.getoption("--hypothesis-profile-name")
         or os.environ.get("TREESPEC_HYPOTHESIS")
@@ -113,26 +105,6 @@ def pytest_configure(config):
     if not os.environ.get("TREESPEC_CACHE_DIR"):
         os.environ["TREESPEC_CACHE_DIR"] = config._treespec_memo = tempfile.mkdtemp(
             prefix="treespec-test-cache-")
-
-
-def _schedule_rank(item) -> int:
-    mark = item.get_closest_marker("slow")
-    return 2 if mark is None else 0 if "minutes" in mark.args else 1
-
-
-def pytest_collection_modifyitems(config, items):
-    """The longest tests first, each paired with a merely slow one, then the
-    rest: xdist (``--maxschedchunk=1``, set in pytest_configure) hands each
-    worker two tests at a time in this order, so every worker starts on one of the
-    longest instead of one worker getting them all (xdist's default first
-    batch is 1/32 of the collection per worker) and the run ending with every
-    worker but one idle. Deterministic, as xdist requires every worker's
-    collection to be."""
-    tiers = ([], [], [])
-    for item in items:
-        tiers[_schedule_rank(item)].append(item)
-    paired = [i for pair in itertools.zip_longest(tiers[0], tiers[1]) for i in pair if i is not None]
-    items[:] = paired + tiers[2]
 
 
 def pytest_unconfigure(config):

@@ -72,11 +72,12 @@ def test_every_node_matches_its_root_path_past_a_realistic_sliding_window(window
 # 2, 3 and 6 bits passed the probe and then raised MLX's "cuGraphAddKernelNode
 # ... invalid argument" in a sample's 9-token prefill.
 QUANTIZED_CONTEXT, QUANTIZED_NODES = 32, 32
+WEIGHT_QUANTIZATIONS = [(b, g) for g in (32, 64, 128) for b in (2, 3, 4, 6, 8)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
-@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("bits, group", WEIGHT_QUANTIZATIONS,
+                         ids=[f"float32-q{b}-g{g}" for b, g in WEIGHT_QUANTIZATIONS])
 def test_every_node_matches_its_root_path_with_quantized_weights(bits, group):
     c, n = QUANTIZED_CONTEXT, QUANTIZED_NODES
     widths = numerics.widths_of(sized_tree(c, n), c)
