@@ -8,8 +8,8 @@ tile), then keeps it in memory and in its disk cache: measured on the H200,
 15 to 50 s per kernel (results/h200-exactness/kernel-compiles-qmm.txt).
 Under xdist's plain load scheduling the tests of one quantized model ran on
 several workers at once, each compiling the same kernels: at e7abd7e seven
-of llama bfloat16-q4's 40 verify tests took 67-79 s each, on seven workers
-within 80 s, and the other 33 under a second. Sent to one worker as one
+of llama bfloat16-q4's verify tests took 67-79 s each, five of them at the
+same time, and the rest of its 42 under a second. Sent to one worker as one
 unit, the first compiles and the rest find the kernels there.
 
 A test's kernel group is read off its node id, the only thing the xdist
