@@ -12,16 +12,22 @@ of llama bfloat16-q4's verify tests took 67-79 s each, five of them at the
 same time, and the rest of its 42 under a second. Sent to one worker as one
 unit, the first compiles and the rest find the kernels there.
 
-A test's kernel group is read off its node id, the only thing the xdist
-controller knows of it: the quantization its parameter id names, ``qB`` or
-``qB-gG`` for weights (mlx-lm's default group is 64), ``Bbit-gG`` for a KV
-cache, with the float dtype it names, if any. A test whose id names none
-is a unit of its own, so everything else is balanced test by test as under
-plain load scheduling.
+And the tests of one file on one model and dtype (a parameter id starting
+``family-dtype`` or ``family/dtype``) share what a process builds once: the
+model, and the envelope measurements treespec.numerics memoizes per model and
+context bucket, which an inexact backend measures for every comparison.
+
+Both groups are read off the node id, the only thing the xdist controller
+knows of a test. Its kernel group: the quantization its parameter id names,
+``qB`` or ``qB-gG`` for weights (mlx-lm's default group is 64), ``Bbit-gG``
+for a KV cache, with the float dtype it names, if any. A test in neither
+group is a unit of its own, balanced test by test as under plain load
+scheduling.
 """
 
 import itertools
 import re
+from collections import Counter
 from typing import Optional
 
 import pytest
@@ -51,9 +57,24 @@ def kernel_group(nodeid: str) -> Optional[str]:
     return None
 
 
+_MODEL = re.compile(r"^([a-z][a-z0-9_]*)[-/](float32|bfloat16|float16)(?:[-/]|$)")
+
+
+def model_group(nodeid: str) -> Optional[str]:
+    """``"model suites/verify/test_x.py gemma3_text bfloat16"`` for a test of
+    that file whose parameter id starts with a family and a dtype; None
+    otherwise."""
+    path, _, name = nodeid.partition("::")
+    if not name.endswith("]") or "[" not in name:
+        return None
+    found = _MODEL.match(name[name.index("[") + 1:-1])
+    return f"model {path} {found.group(1)} {found.group(2)}" if found else None
+
+
 def unit(nodeid: str) -> str:
-    """The scheduling unit a test belongs to: its kernel group, or itself."""
-    return kernel_group(nodeid) or nodeid
+    """The scheduling unit a test belongs to: its kernel group, else its
+    file's model group, else itself."""
+    return kernel_group(nodeid) or model_group(nodeid) or nodeid
 
 
 def _rank(item) -> int:
@@ -65,18 +86,27 @@ def scheduled(items: list) -> list:
     """``items`` in the order workers get them: slow('minutes') tests each
     paired with a merely slow one, then the rest, so every worker starts on
     one of the longest instead of one worker getting them all and the run
-    ending with the others idle; then each kernel group gathered at its
-    first member's place (a stable sort: otherwise the order is kept).
-    Deterministic, as xdist requires of every worker's collection."""
+    ending with the others idle; each unit (:func:`unit`) gathered at its
+    first member's place; among the units with no slow test, the larger
+    first (the most tests: a long unit handed out last would end the run on
+    one worker). Deterministic, as xdist requires of every worker's
+    collection."""
     tiers = ([], [], [])
     for item in items:
         tiers[_rank(item)].append(item)
     paired = [i for pair in itertools.zip_longest(tiers[0], tiers[1]) for i in pair if i is not None]
     order = paired + tiers[2]
-    first = {}
+    first, size, rank = {}, Counter(), {}
     for i, item in enumerate(order):
-        first.setdefault(unit(item.nodeid), i)
-    return sorted(order, key=lambda item: first[unit(item.nodeid)])
+        u = unit(item.nodeid)
+        first.setdefault(u, i)
+        size[u] += 1
+        rank[u] = min(rank.get(u, 2), _rank(item))
+
+    def place(item):
+        u = unit(item.nodeid)
+        return (0, first[u], 0) if rank[u] < 2 else (1, -size[u], first[u])
+    return sorted(order, key=place)
 
 
 def pytest_configure(config):
@@ -89,10 +119,10 @@ def pytest_collection_modifyitems(config, items):
     items[:] = scheduled(items)
 
 
-class KernelGroupScheduling(LoadScopeScheduling):
+class UnitScheduling(LoadScopeScheduling):
     """xdist's scope scheduling with :func:`unit` as the scope: each kernel
-    group is one unit, every other test a unit of its own, handed out in
-    collection order (the order :func:`scheduled` made)."""
+    or model group one unit, every other test a unit of its own, handed out
+    in collection order (the order :func:`scheduled` made)."""
 
     def _split_scope(self, nodeid: str) -> str:
         return unit(nodeid)
@@ -105,4 +135,4 @@ def pytest_xdist_make_scheduler(config, log):
     # Scope scheduling would otherwise sort units by size, biggest first,
     # and undo the longest-first order above.
     config.option.loadscopereorder = False
-    return KernelGroupScheduling(config, log)
+    return UnitScheduling(config, log)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from suites.helpers_subprocess import project_env
-from suites.scheduling import kernel_group, scheduled
+from suites.scheduling import kernel_group, scheduled, unit
 
 F = "suites/verify/test_root_paths.py::test_every_node_sees_what_a_plain_forward_over_its_root_path_sees"
 
@@ -32,28 +32,46 @@ def test_a_test_s_kernel_group_is_the_quantization_its_parameter_id_names(nodeid
     assert kernel_group(nodeid) == group
 
 
+@pytest.mark.parametrize("nodeid, expected", [
+    (f"{F}[gemma3_text-bfloat16-h11-pair]", "model suites/verify/test_root_paths.py gemma3_text bfloat16"),
+    ("suites/rollback/test_model_commit.py::test_h[qwen3_5/float16]",
+     "model suites/rollback/test_model_commit.py qwen3_5 float16"),
+    # a quantization names the kernels, which outweigh the model
+    (f"{F}[llama-bfloat16-q4-h3-pair]", "kernels bfloat16 weights q4 g64"),
+    # no dtype right after the family, or not at the start: a unit of its own
+    (f"{F}[qwen3-h3-pair]", f"{F}[qwen3-h3-pair]"),
+    ("suites/e2e/test_x.py::test_y[code-gemma3_text-float16]", "suites/e2e/test_x.py::test_y[code-gemma3_text-float16]"),
+])
+def test_a_test_s_unit_is_its_kernel_group_else_its_file_s_model_else_itself(nodeid, expected):
+    assert unit(nodeid) == expected
+
+
 def _item(nodeid, *slow):
     mark = SimpleNamespace(args=slow) if slow else None
     return SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: mark if name == "slow" else None)
 
 
-def test_the_longest_tests_come_first_and_each_kernel_group_gathers_at_its_first_member():
+def test_the_longest_tests_come_first_each_unit_gathers_and_larger_units_lead_the_rest():
     pair, fan = f"{F}[llama-bfloat16-q4-h3-pair]", f"{F}[llama-bfloat16-q4-h0-fan]"
+    g1, g2 = f"{F}[gemma3_text-bfloat16-h3-pair]", f"{F}[gemma3_text-bfloat16-h11-fan]"
     items = [
         _item("a.py::fast_1"),
         _item(fan),
         _item("a.py::slow_1", "seconds"),
+        _item(g1),
         _item("a.py::minutes_1", "minutes"),
         _item("a.py::slow_2", "seconds"),
         _item(pair, "seconds"),
         _item("a.py::minutes_2", "minutes"),
         _item("a.py::fast_2"),
+        _item(g2),
     ]
-    # minutes tests each paired with a slow one, then the rest; the fan test
-    # (not slow itself) joins its group where the slow pair test put it
+    # minutes tests each paired with a slow one, then the slow rest; the fan
+    # test (not slow itself) joins its group where the slow pair test put it;
+    # then the units of no slow test, the two-test gemma3 unit before singles
     assert [i.nodeid for i in scheduled(items)] == [
         "a.py::minutes_1", "a.py::slow_1", "a.py::minutes_2", "a.py::slow_2",
-        pair, fan, "a.py::fast_1", "a.py::fast_2"]
+        pair, fan, g1, g2, "a.py::fast_1", "a.py::fast_2"]
 
 
 MODULE = '''
