@@ -41,20 +41,19 @@ one carrying the faults, and every verdict judged with it is inconclusive.
 
 Entry points: :func:`envelope` (memoized per process), :func:`measure` (not
 memoized: for a test that changes kernels for its own duration),
-:func:`controls` (a tree's negative controls), and the rule's ``judge``.
+:func:`controls` (a tree's negative controls, treespec.controls'), and the
+rule's ``judge``.
 """
 
-import copy
 import random
-from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from .caches import mode_of
+from .controls import (CONTROLS, RECURRENCE, SUBSTITUTED, FlatRecurrence, adapter_or_none, clone,
+                       control_rows, controls, max_abs_diff)
 from .errors import TreeRefused
 from .models import vocab_size
 from .soundness import faults as kernel_faults
@@ -62,8 +61,7 @@ from .tree import DraftTree
 from .verdicts import (BIT_EXACT, DECLINED, FAIL, INCONCLUSIVE, SAFETY, SEPARATION, TRIANGLE,
                        UNSOUND, WITHIN, WORDS, Envelope, Verdict, bucket, declined, judge,
                        tree_path_verdict, unsound, widths_of, worst)
-from .verify import TreeAdapter, adapter_for
-from .verify.attention import injected, tree_mask
+from .verify import TreeAdapter
 from .verify.recurrence import TreeRecurrence
 
 __all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "FlatRecurrence",
@@ -75,9 +73,6 @@ SAMPLES = 4  # contexts measured per bucket, and per extension
 MAX_SAMPLES = 12
 TAIL = 2.0  # a sample this far above the median: the rounding is heavy-tailed, measure more
 
-CONTROLS = ("flattened positions", "causal mask", "leaked sibling")
-RECURRENCE = "flattened recurrence"  # a model with recurrent layers: the tree through them unmodified
-SUBSTITUTED = "substituted token"
 
 
 def _time_ordered(model, kv_bits, kv_group, prompt) -> list:
@@ -95,18 +90,6 @@ def _time_ordered(model, kv_bits, kv_group, prompt) -> list:
                  for c, o in zip(cache, own)]
     mx.eval([c.state for c in cache])
     return cache
-
-
-def _clone(cache) -> list:
-    # deepcopy of mlx-lm caches copies their arrays (as audit.states.clone).
-    return copy.deepcopy(cache)
-
-
-def _diff(a: mx.array, b: mx.array) -> float:
-    if a.shape != b.shape:
-        return float("inf")
-    d = mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).item()
-    return float("nan") if d != d else float(d)
 
 
 class _PrefillUnsound(Exception):
@@ -135,7 +118,7 @@ class _Sample:
         self.base = _time_ordered(model, *kv, [self.rng.randrange(v) for _ in range(context)])
         self.tokens: List[int] = []
         self.steps: List[mx.array] = []
-        self._cache = _clone(self.base)
+        self._cache = clone(self.base)
         self._v = v
 
     def chain(self, m: int) -> Tuple[List[int], mx.array]:
@@ -160,7 +143,7 @@ class Measurement:
     def __init__(self, model, adapter=None, context: int = 0, kv_bits=None, kv_group=None,
                  key: str = "", seed: int = 0):
         self.model = model
-        self.adapter = adapter if adapter is not None else _adapter_or_none(model)
+        self.adapter = adapter if adapter is not None else adapter_or_none(model)
         self.kv = (kv_bits, kv_group)
         self.lo, self.hi = bucket(context)
         self.key = key or f"context {self.lo}-{self.hi}" + (f", kv {kv_bits}-bit g{kv_group}" if kv_bits else "")
@@ -186,11 +169,11 @@ class Measurement:
 
     def _measure(self, s: "_Sample", m: int, tree_path: bool):
         toks, steps = s.chain(m)
-        p = self.model(mx.array(toks)[None], cache=_clone(s.base))[0]
+        p = self.model(mx.array(toks)[None], cache=clone(s.base))[0]
         t = self._tree_path(toks, s.base) if tree_path else None
         if t is None:
-            return _diff(p, steps), None, None
-        return _diff(p, steps), _diff(t, steps), _diff(t, p)
+            return max_abs_diff(p, steps), None, None
+        return max_abs_diff(p, steps), max_abs_diff(t, steps), max_abs_diff(t, p)
 
     def width(self, m: int):
         """(plain, tree path, tree path vs plain) max |diff| at width m, over
@@ -220,7 +203,7 @@ class Measurement:
     def _tree_path(self, toks, base) -> Optional[mx.array]:
         if self.adapter is None:
             return None
-        tree, cache = DraftTree.linear(toks), _clone(base)
+        tree, cache = DraftTree.linear(toks), clone(base)
         try:
             if isinstance(self.adapter, TreeAdapter):
                 out = self._chain_adapter().verify(tree, cache, inject=True)
@@ -256,13 +239,13 @@ class Measurement:
             rng = random.Random(f"{self.key}:controls")
             tree = DraftTree([rng.randrange(v) for _ in range(8)], [-1, 0, 0, 2, 3, 4, 5, 6])
             refs = [self.model(mx.array([tree.tokens[j] for j in tree.path_to(i)])[None],
-                               cache=_clone(s.base))[0, -1] for i in range(len(tree))]
+                               cache=clone(s.base))[0, -1] for i in range(len(tree))]
             out = controls(self.model, s.base, tree, mx.stack(refs)) or {}
             toks, _ = s.chain(8)
             wrong = list(toks)
             wrong[2] = (wrong[2] + 1 + rng.randrange(v - 1)) % v
-            p, q = (self.model(mx.array(t)[None], cache=_clone(s.base))[0] for t in (toks, wrong))
-            out[SUBSTITUTED] = _diff(p, q)
+            p, q = (self.model(mx.array(t)[None], cache=clone(s.base))[0] for t in (toks, wrong))
+            out[SUBSTITUTED] = max_abs_diff(p, q)
             self._controls = out
         return self._controls
 
@@ -294,16 +277,16 @@ class Measurement:
             worst = 0.0
             for i, s in enumerate(self.samples[:SAMPLES]):
                 toks, _ = s.chain(width)
-                cache = _clone(s.base)
+                cache = clone(s.base)
                 self.model(mx.array(toks)[None], cache=cache)
                 nxt = mx.array([[s.chain(width + 1)[0][-1]]])
-                want = self.model(nxt, cache=_clone(cache))[0, -1]
+                want = self.model(nxt, cache=clone(cache))[0, -1]
                 rng = random.Random(f"{self.key}:level:{width}:{i}")
                 for _ in range(LEVELS):
-                    planted = _clone(cache)
+                    planted = clone(cache)
                     if _flip_one_level(planted, width, rng):
                         got = self.model(nxt, cache=planted)[0, -1]
-                        worst = max(worst, _diff(got, want))
+                        worst = max(worst, max_abs_diff(got, want))
             self._levels[width] = worst
         return self._levels[width]
 
@@ -333,13 +316,6 @@ def _flip_one_level(cache, width: int, rng) -> bool:
     words[0, h, row, w] = np.uint32((int(words[0, h, row, w]) & ~(mask << shift)) | (new << shift))
     setattr(c, which, (mx.array(words), scales, biases))
     return True
-
-
-def _adapter_or_none(model):
-    try:
-        return adapter_for(model)
-    except TreeRefused:
-        return None
 
 
 _MEMO: Dict[tuple, Measurement] = {}
@@ -403,98 +379,3 @@ def measure(model, context: int, widths: Sequence[int], kv_bits=None, kv_group=N
     key = f"fresh, context {context}"
     return _measured(model, widths, key,
                      lambda: Measurement(model, adapter, context, kv_bits, kv_group, key, seed))
-
-
-# -- negative controls ----------------------------------------------------------
-
-
-class _Control(TreeAdapter):
-    """treespec's adapter with one deliberate defect in what it injects."""
-
-    defect = ""
-
-    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
-        # No ring layout (``plans``): on a sliding window the defective verify
-        # takes mlx-lm's own multi-token update, whose time order is one more
-        # (tiny) difference from the one-token references on top of its defect.
-        depths = np.arange(len(tree)) if self.defect == CONTROLS[0] else tree.depths()
-        return injected(self.model, cache, depths, lambda c, n, w: _control_mask(self.defect, c, tree, n, w),
-                        self.family.rope_attr, owners)
-
-
-def _control_mask(defect, cache, tree, n, window):
-    if defect == CONTROLS[1]:
-        _, history, default = mode_of(cache).key_positions(cache)
-        return create_causal_mask(n, history, window or default)
-    mask = tree_mask(cache, tree, window)
-    if defect == CONTROLS[2]:
-        i, j = _siblings(tree)
-        m = np.array(mask)
-        m[j, m.shape[1] - n + i] = True  # node j sees its earlier sibling i
-        mask = mx.array(m)
-    return mask
-
-
-def _siblings(tree: DraftTree) -> Tuple[int, int]:
-    for j in range(1, len(tree)):
-        for i in range(1, j):
-            if tree.parents[i] == tree.parents[j]:
-                return i, j
-    raise ValueError("a linear tree has no siblings")
-
-
-class FlatRecurrence:
-    """A recurrent strategy that lets a branching tree through the unmodified
-    recurrence (siblings fold into one state): the recurrence control, and
-    the suites' planted defect of the same name."""
-
-    name = RECURRENCE
-
-    def refusal(self, model, caches, tree):
-        return None
-
-    @contextmanager
-    def inject(self, model, caches, tree):
-        yield
-
-    def kept_states(self) -> list:
-        return []
-
-
-def control_rows(model, base_cache, tree: DraftTree) -> Optional[Dict[str, mx.array]]:
-    """Each negative control's verify rows over ``tree``, verified from a copy
-    of ``base_cache``, or None for a linear tree (no control differs from it)
-    or a model treespec has no adapter for. Only the controls this model can
-    express: flattening positions where a rope or a per-position input reads
-    them, the recurrence control where it has recurrent layers, and none
-    whose rows are bit for bit the correct verify's (a defect that changes
-    nothing this model computes: a pure SSM has no attention to leak into)."""
-    if tree.is_linear():
-        return None
-    real = _adapter_or_none(model)
-    if real is None:
-        return None
-    defects = list(CONTROLS)
-    if not real.check_model() and not real.family.positions:
-        defects.remove(CONTROLS[0])  # nothing reads a node's position
-    out = {}
-    for defect in defects:
-        # A fresh recurrent strategy of the family's kind: it holds its verify's states.
-        control = type(f"Control[{defect}]", (_Control,), {"defect": defect})(model, real.family)
-        out[defect] = control.verify(tree, _clone(base_cache))
-    if real.recurrent is not None:
-        out[RECURRENCE] = TreeAdapter(model, real.family, FlatRecurrence(), real.found).verify(
-            tree, _clone(base_cache))
-    correct = real.verify(tree, _clone(base_cache))
-    mx.eval(correct, list(out.values()))
-    return {k: v for k, v in out.items() if not mx.array_equal(v, correct).item()}
-
-
-def controls(model, base_cache, tree: DraftTree, refs: mx.array) -> Optional[Dict[str, float]]:
-    """Each negative control's max |diff| over the nodes of ``tree`` against
-    ``refs`` (row i: the plain forward over node i's root path); None where
-    :func:`control_rows` has none."""
-    rows = control_rows(model, base_cache, tree)
-    return None if rows is None else {k: _diff(v, refs) for k, v in rows.items()}
-
-
