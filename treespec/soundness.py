@@ -38,8 +38,9 @@ __all__ = ["REPEATS", "ROWS", "SLACK", "Fault", "faults", "quantized_modules"]
 # Widths probed by default, in the order probed (the first fault ends the
 # probe): 5 rows first, where the H200 showed its faults, then the suite's
 # tree and chain widths, an EAGLE-sized tree's 33 (past 32 rows MLX's CPU
-# switches GEMM paths), one row last. On CUDA every new shape compiles its
-# kernel (about a second each on the H200), so the list is short.
+# switches GEMM paths), one row last. On CUDA a new shape can need a new
+# kernel, 15-50 s of compiling each on the H200
+# (results/h200-exactness/kernel-compiles-qmm.txt), so the list is short.
 ROWS = (5, 2, 9, 13, 17, 33, 1)
 REPEATS = 3
 SLACK = 2.0 ** -5  # x sum |x||w|: half precision's own rounding is 2^-8 of it
