@@ -38,14 +38,19 @@ _WEIGHTS = re.compile(r"(?:^|-)q([2-8])(?:-g(\d+))?(?:-|$)")
 _DTYPE = re.compile(r"(?:^|-)(float32|bfloat16|float16)(?:-|$)")
 
 
+def _params(nodeid: str) -> Optional[str]:
+    """The parameter id of a test's node id (``a.py::t[x-y]`` -> ``x-y``), or None."""
+    name = nodeid.rpartition("::")[2]
+    return name[name.index("[") + 1:-1] if name.endswith("]") and "[" in name else None
+
+
 def kernel_group(nodeid: str) -> Optional[str]:
     """``"kernels bfloat16 weights q4 g64"`` for a test whose parameter id
     names bfloat16 weights quantized at 4 bits in groups of 64; None where it
     names no quantization."""
-    name = nodeid.rpartition("::")[2]
-    if not name.endswith("]") or "[" not in name:
+    params = _params(nodeid)
+    if params is None:
         return None
-    params = name[name.index("[") + 1:-1]
     dtype = _DTYPE.search(params)
     dtype = dtype.group(1) if dtype else "-"
     found = _KV.search(params)
@@ -64,10 +69,9 @@ def model_group(nodeid: str) -> Optional[str]:
     """``"model suites/verify/test_x.py gemma3_text bfloat16"`` for a test of
     that file whose parameter id starts with a family and a dtype; None
     otherwise."""
-    path, _, name = nodeid.partition("::")
-    if not name.endswith("]") or "[" not in name:
-        return None
-    found = _MODEL.match(name[name.index("[") + 1:-1])
+    params = _params(nodeid)
+    found = _MODEL.match(params) if params is not None else None
+    path = nodeid.partition("::")[0]
     return f"model {path} {found.group(1)} {found.group(2)}" if found else None
 
 
@@ -96,17 +100,16 @@ def scheduled(items: list) -> list:
         tiers[_rank(item)].append(item)
     paired = [i for pair in itertools.zip_longest(tiers[0], tiers[1]) for i in pair if i is not None]
     order = paired + tiers[2]
-    first, size, rank = {}, Counter(), {}
-    for i, item in enumerate(order):
-        u = unit(item.nodeid)
+    units = [unit(item.nodeid) for item in order]
+    first, size, rank = {}, Counter(units), {}
+    for i, (u, item) in enumerate(zip(units, order)):
         first.setdefault(u, i)
-        size[u] += 1
         rank[u] = min(rank.get(u, 2), _rank(item))
 
-    def place(item):
-        u = unit(item.nodeid)
+    def place(i):
+        u = units[i]
         return (0, first[u], 0) if rank[u] < 2 else (1, -size[u], first[u])
-    return sorted(order, key=place)
+    return [order[i] for i in sorted(range(len(order)), key=place)]
 
 
 def pytest_configure(config):

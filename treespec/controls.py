@@ -30,7 +30,7 @@ SUBSTITUTED = "substituted token"  # a plain forward with one token replaced: a 
 
 
 def clone(cache) -> list:
-    """A copy of mlx-lm caches with their arrays (as audit.states.clone)."""
+    """A copy of mlx-lm caches with their arrays (deepcopy copies them)."""
     return copy.deepcopy(cache)
 
 
@@ -138,5 +138,3 @@ def controls(model, base_cache, tree: DraftTree, refs: mx.array) -> Optional[Dic
     :func:`control_rows` has none."""
     rows = control_rows(model, base_cache, tree)
     return None if rows is None else {k: max_abs_diff(v, refs) for k, v in rows.items()}
-
-

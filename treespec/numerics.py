@@ -74,7 +74,6 @@ MAX_SAMPLES = 12
 TAIL = 2.0  # a sample this far above the median: the rounding is heavy-tailed, measure more
 
 
-
 def _time_ordered(model, kv_bits, kv_group, prompt) -> list:
     """The model's caches with every RotatingKVCache a KVCache (keys in time
     order; the model passes its window to make_mask, which a KVCache honours

@@ -2,7 +2,6 @@
 histories before and after a sliding window wraps, cache modes (native and
 quantized KV), copies and fingerprints of caches, plain forwards."""
 
-import copy
 import hashlib
 import random
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from .. import numerics
 from ..caches import leaves
+from ..controls import clone
 from ..tree import DraftTree
 from .subject import Subject, the_adapter, vocab, window
 
@@ -115,10 +115,6 @@ def replay(model, hist: History, mode: CacheMode) -> list:
                  if type(c) is KVCache else c for c in cache]
     mx.eval([c.state for c in cache])
     return cache
-
-
-def clone(cache) -> list:
-    return copy.deepcopy(cache)
 
 
 def fingerprint(cache) -> str:
