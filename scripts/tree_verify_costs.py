@@ -20,8 +20,9 @@ reference's time in the same repeat (so a busy machine moves both alike):
   depth (4): chain b=5, the spine, [2,1,1,1], the confidence tree of budget 4
   and of budget 8 (depth 8, against chain b=9);
 - commit: the target's commit of the first-choice path (a trim) and of a
-  branch (rows moved) of the 9-node tree, against the verify; the draft
-  cache's commit.
+  branch (rows moved) of the 9-node tree, against the verify; the branch
+  again with its rows read from the caches' buffers (``commit_path`` with no
+  capture of what the verify wrote: one host evaluation before the writes).
 
 Load-independent figures printed with them: draft forwards per round, host
 evaluations (``mx.eval`` calls) per drafting round and per commit, and the
@@ -41,6 +42,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from treespec import scaled
 from treespec.checkpoints import load_default_pair
 from treespec.draft import make_drafter
+from treespec.rollback import commit_path
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
 from treespec.verify.attention import injected, rope_owners
@@ -226,12 +228,15 @@ def main():
     # -- commit -------------------------------------------------------------
     commit_evals = {}
 
-    def commit(path, name):
+    def commit(path, name, buffers=False):
         def step():
             mx.eval(adapter.verify(fixed, cache))
             t0 = time.perf_counter()
             e0 = _evals[0]
-            adapter.commit(cache, fixed, path)
+            if buffers:  # the rows read from the caches' buffers, as without a capture
+                commit_path(cache, CONTEXT, path, fixed)
+            else:
+                adapter.commit(cache, fixed, path)
             commit_evals[name] = _evals[0] - e0
             _eval([c.state for c in cache])  # the writes it left lazy
             dt = time.perf_counter() - t0
@@ -244,7 +249,9 @@ def main():
     while fixed.children(branch[-1]):
         branch.append(fixed.children(branch[-1])[0])
     commits = {"commit, first-choice path (5 nodes)": commit(first_choice, "first-choice"),
-               f"commit, branch {branch}": commit(branch, "branch")}
+               f"commit, branch {branch}": commit(branch, "branch"),
+               f"commit, branch {branch}, rows from the buffers":
+               commit(branch, "buffers", buffers=True)}
     timed.update(commits)
 
     # -- run, interleaved ----------------------------------------------------
@@ -278,7 +285,8 @@ def main():
             if n == f"drafting round, {name}":
                 extra = f"  [{fw} draft forwards, {ev} host evaluations]"
         if n in commits:
-            ev = commit_evals["first-choice" if "first-choice" in n else "branch"]
+            ev = commit_evals["first-choice" if "first-choice" in n
+                              else "buffers" if "buffers" in n else "branch"]
             extra = f"  [{ev} host evaluations]"
         print(f"{n:58} {med[n]:8.3f} ms{ratio(n)}{extra}")
     print(f"\ngraph primitives, verify of the 9-node spine {g_verify} against a plain 9-token "

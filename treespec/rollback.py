@@ -28,14 +28,14 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from .caches import Entry, Tail, mode_of, plan_commit, refuse
+from .caches import Entry, Tail, leaves, mode_of, plan_commit, refuse
 from .errors import RollbackRefused, TreeError
 from .mixers import Mixer, discover, get_slot, set_slot
 from .standin import StandIn
 from .tree import DraftTree
 
 __all__ = ["Captures", "KeptStates", "RollbackRefused", "Snapshot", "capture_recurrent_inputs",
-           "commit_path", "snapshot"]
+           "capture_written", "commit_path", "single_updates", "snapshot"]
 
 
 # -- the path ---------------------------------------------------------------
@@ -180,6 +180,57 @@ def capture_recurrent_inputs(model: nn.Module, mixers: Optional[Sequence[Mixer]]
             set_slot(container, key, child)
 
 
+# -- capturing what a verify wrote ------------------------------------------
+
+_MISSING = object()
+
+
+@contextmanager
+def capture_written(cache: List[Any]):
+    """Record what each plain KVCache of ``cache`` is given to write during
+    the block: cache id -> [(keys, values, cache keys, cache values), ...],
+    one per update, from the capturing thread only, with the array objects
+    the cache holds right after that update. A commit that moves rows reads
+    them from these (``Tail.written``) instead of from the cache's buffer,
+    so it needs no evaluation before its writes (treespec.rows.move_keys_values),
+    but only while the cache still holds those very objects: model code that
+    rebinds a cache's arrays after its update (deepseek_v32's indexer stores
+    zeros as its values; ``mx.depends`` wrappers) makes the update's input
+    not what the cache holds. Wraps ``update_and_fetch`` on the instance,
+    whatever it is there (an instrument's stand-in included), and always
+    puts back what was there."""
+    written = {}
+    thread = threading.get_ident()
+    saved = []
+
+    def recording(c, update):
+        def update_and_fetch(keys, values):
+            out = update(keys, values)
+            if threading.get_ident() == thread:
+                written.setdefault(id(c), []).append((keys, values, c.keys, c.values))
+            return out
+        return update_and_fetch
+
+    try:
+        for _, c in leaves(cache):
+            if type(c) is KVCache:
+                saved.append((c, c.__dict__.get("update_and_fetch", _MISSING)))
+                c.update_and_fetch = recording(c, c.update_and_fetch)
+        yield written
+    finally:
+        for c, prev in reversed(saved):
+            if prev is _MISSING:
+                del c.update_and_fetch
+            else:
+                c.update_and_fetch = prev
+
+
+def single_updates(written: dict) -> dict:
+    """cache id -> what :func:`capture_written` recorded of the caches
+    written by exactly one update: only then does row i hold node i."""
+    return {k: v[0] for k, v in written.items() if len(v) == 1}
+
+
 # -- the commit -------------------------------------------------------------
 
 
@@ -191,6 +242,7 @@ def commit_path(
     *,
     snapshot: Optional[Snapshot] = None,
     recurrent: Optional[Captures] = None,
+    written: Optional[dict] = None,
 ) -> int:
     """Keep exactly the accepted ``path`` of the ``tree`` just verified.
 
@@ -201,6 +253,9 @@ def commit_path(
     ``snapshot(cache)`` before the verify) and ``recurrent`` (from
     ``capture_recurrent_inputs``) are required for recurrent layers, and
     ``snapshot`` for a root-only path through a RotatingKVCache.
+    ``written`` (``single_updates`` of ``capture_written`` around the verify)
+    is where moved rows of those caches are read from: then the commit
+    evaluates nothing and its writes join the next forward's graph.
 
     Returns the number of committed positions. Raises RollbackRefused, with
     every cache untouched, when the commit cannot be exact."""
@@ -209,7 +264,7 @@ def commit_path(
     if offset < 0:
         raise RollbackRefused(f"offset {offset} is negative")
     parents = _parents_of(tree)
-    tail = Tail(int(offset), parents, _root_path(path, parents))
+    tail = Tail(int(offset), parents, _root_path(path, parents), written)
     entries = [None] * len(cache)
     if snapshot is not None:
         if len(snapshot.caches) != len(cache):
@@ -231,13 +286,15 @@ def commit_path(
         return tail.k
     plans = [plan_commit(c, (i,), tail, e, recurrent) for i, (c, e) in enumerate(zip(cache, entries))]
     steps = [plan() for plan in plans]
-    # Every layer's reads in one evaluation, before any write: while a read
-    # is pending, a slice update cannot reuse its buffer and copies the whole
-    # context (measured: the peak memory of one evaluation of both is the
-    # cache's size); one evaluation per layer would synchronize once per
-    # layer. The writes stay lazy: the next forward evaluates them, each in
-    # place (its buffer has no other reader left), so a commit costs one
-    # synchronization when rows move and none when they do not.
+    # Reads that alias a cache's buffer (rows not captured from the verify's
+    # own update: other cache modes, a tree fed in parts) in one evaluation,
+    # before any write: while such a read is pending, a slice update cannot
+    # reuse its buffer and copies the whole context (measured: the peak
+    # memory of one evaluation of both is the cache's size); one evaluation
+    # per layer would synchronize once per layer. The writes stay lazy: the
+    # next forward evaluates them, each in place (its buffer has no other
+    # reader left), so a commit synchronizes once when such rows move and
+    # not at all otherwise.
     reads = [r for rows, _ in steps for r in rows]
     if reads:
         mx.eval(reads)

@@ -13,8 +13,15 @@ class Tail:
     ``path`` (int64, starting at the root 0) is what stays, compacted to
     ``offset .. offset + k - 1``."""
 
-    def __init__(self, offset: int, parents, path: np.ndarray):
+    def __init__(self, offset: int, parents, path: np.ndarray, written=None):
         self.offset, self.path, self.k = offset, path, len(path)
+        # cache id -> (keys, values) that one update of the verify wrote, node
+        # i at row i, and the cache's keys and values objects right after it
+        # (treespec.rollback.capture_written): where the moved rows are read
+        # from while the cache still holds those objects, so that no read
+        # aliases a cache's buffer.
+        self.written = written or {}
+        self._index = {}
         self.parents = list(parents)
         self.n = len(self.parents)
         depths = np.zeros(self.n, dtype=np.int64)
@@ -23,6 +30,13 @@ class Tail:
         self.depths = depths
         # Rows before the first off-path node already sit in their slot.
         self.first_moved = next((i for i, p in enumerate(path.tolist()) if p != i), self.k)
+
+    def index(self, start: int) -> mx.array:
+        """The rows ``start + path[first_moved:]``, one device array per start
+        for every layer of the commit (not one host-to-device copy each)."""
+        if start not in self._index:
+            self._index[start] = mx.array(start + self.path[self.first_moved:], dtype=mx.int32)
+        return self._index[start]
 
 
 # -- moving rows along the time axis (2) -------------------------------------
@@ -37,10 +51,9 @@ def gather_rows(x, start: int, tail: Tail) -> list:
     array or a quantized (packed, scales, biases) triple, still lazy: the rows
     :func:`place_rows` will write. Reading only those keeps a commit O(k) rows
     whatever the context length."""
-    f = tail.first_moved
-    if f == tail.k:
+    if tail.first_moved == tail.k:
         return []
-    idx = mx.array(start + tail.path[f:], dtype=mx.int32)
+    idx = tail.index(start)
     return [mx.take(a, idx, axis=2) for a in _arrays(x)]
 
 
@@ -63,13 +76,26 @@ def place_rows(x, rows: list, start: int, tail: Tail, owned: bool = True):
 
 
 def move_keys_values(c, start: int, tail: Tail, owned: bool = True):
-    """``(reads, place)`` for the keys and values of an attention cache: the
-    rows to move, lazy, and ``place()`` -> (keys, values) with the path's rows
-    at ``start ..``."""
-    rows = gather_rows(c.keys, start, tail), gather_rows(c.values, start, tail)
+    """``(reads, place)`` for the keys and values of an attention cache:
+    ``reads``, the rows to move that alias the cache's own arrays (lazy: the
+    caller evaluates them before any write, else a write could not reuse the
+    buffer and would copy it whole), and ``place()`` -> (keys, values) with the
+    path's rows at ``start ..``. Where the verify's one update of this cache
+    was captured (``tail.written``) and the cache holds what that update
+    left (no model code rebound its arrays since), the rows are read from
+    what it wrote: nothing aliases the buffer, nothing needs evaluating
+    first, and the writes take the buffer in place when the next forward
+    evaluates them."""
+    src = tail.written.get(id(c))
+    if (owned and src is not None and src[2] is c.keys and src[3] is c.values
+            and src[0].shape[2] == tail.n):
+        rows, reads = (gather_rows(src[0], 0, tail), gather_rows(src[1], 0, tail)), []
+    else:
+        rows = gather_rows(c.keys, start, tail), gather_rows(c.values, start, tail)
+        reads = rows[0] + rows[1]
 
     def place():
         return (place_rows(c.keys, rows[0], start, tail, owned),
                 place_rows(c.values, rows[1], start, tail, owned))
 
-    return rows[0] + rows[1], place
+    return reads, place

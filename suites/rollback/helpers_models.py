@@ -22,7 +22,8 @@ from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS, VERIFY
 from treespec import numerics, zoo
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.audit.states import clone
-from treespec.rollback import capture_recurrent_inputs, commit_path, snapshot
+from treespec.rollback import (capture_recurrent_inputs, capture_written, commit_path, single_updates,
+                               snapshot)
 from treespec.verify import adapter_for
 
 from treespec.verify.recurrence import TreeRecurrence
@@ -195,12 +196,17 @@ def rounds_then_decode(family, setup, history, rounds, later):
     prefill(family, setup, ours, history)
     prefill(family, setup, ref, history)
     offset, widths = len(history), {1}
-    for tree, path in rounds:
+    for r, (tree, path) in enumerate(rounds):
         pre, snap = clone(ours), snapshot(ours)
-        with recorded(ours) as writes:
+        with recorded(ours) as writes, capture_written(ours) as written:
             logits, captures = verify(family, tree, ours)
             mx.eval(logits)
-        commit_path(ours, offset, path, tree, snapshot=snap, recurrent=captures)
+        # Moved rows are read from what the verify's update wrote in even
+        # rounds (as TreeAdapter.commit does), from the caches' buffers in odd
+        # ones (a tree fed in parts, a cache mode without a capture).
+        rows_from = single_updates(written) if r % 2 == 0 else None
+        commit_path(ours, offset, path, tree, snapshot=snap, recurrent=captures,
+                    written=rows_from)
         bad = mismatches(ours, moved(pre, writes, path, len(tree), captures, ours))
         assert not bad, f"after committing {path} of {tree!r}: not the verify's own rows: {bad}"
         exact(ROLLBACK_ROWS, m, setup, label)

@@ -41,6 +41,7 @@ from treespec.audit.movement import mismatches, moved, recorded
 from treespec.audit.states import clone
 from treespec.rollback import capture_recurrent_inputs, commit_path, snapshot
 from treespec.tree import DraftTree
+from treespec.verify import adapter_for
 
 pytestmark = pytest.mark.exactness
 
@@ -153,3 +154,41 @@ def test_other_recurrent_families_commit_a_prefix_of_a_chain(family, k):
         check(m(x, cache=ours), m(x, cache=ref), m, offset, widths, ROLLBACK_DECODE,
               what=f"logits on {step}", mode="native")
         offset += len(step)
+
+
+@pytest.mark.parametrize("rows_from", ["written", "buffer"])
+def test_a_branch_commit_copies_no_cache_buffer(rows_from, monkeypatch):
+    """Moving a branch's rows costs its rows, not the context: the writes
+    take every layer's buffer in place when the next forward evaluates them
+    (a read of the buffer still pending then makes each write copy the whole
+    buffer first: with the reads left lazy, all four buffers here). Rows
+    read from what the verify wrote (``TreeAdapter.commit``) need no
+    evaluation at all; rows read from the buffers (``commit_path`` alone, or
+    a cache mode without a capture) need one, before any write."""
+    m = model("llama")
+    adapter = adapter_for(m)
+    cache = make_prompt_cache(m)
+    context = 3000
+    m(mx.array([i % zoo.VOCAB_SIZE for i in range(context)])[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    mx.eval(adapter.verify(BUSH, cache))
+    path = BUSH.path_to(6)  # [0, 2, 5, 6]: every row past the root moves
+    evaluations, real = [0], mx.eval
+
+    def counting(*args, **kwargs):
+        evaluations[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mx, "eval", counting)
+    if rows_from == "written":
+        adapter.commit(cache, BUSH, path)
+    else:
+        commit_path(cache, context, path, BUSH)
+    monkeypatch.setattr(mx, "eval", real)
+    assert evaluations[0] == (0 if rows_from == "written" else 1)
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    mx.eval([c.state for c in cache])
+    extra = max(mx.get_peak_memory() - before, 0)
+    assert extra < cache[0].keys.nbytes // 4, (extra, cache[0].keys.nbytes)
+    assert all(c.offset == context + len(path) for c in cache)
