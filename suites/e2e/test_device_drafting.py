@@ -19,6 +19,7 @@ from treespec import caches, numerics
 from treespec.bench_prompts import PROMPTS
 from treespec.checkpoints import load_default_pair
 from treespec.draft import ConfidenceDrafter, DeviceRound, FixedTreeDrafter, confidence, top_ids
+from treespec.draft.base import ARGMAX_PASSES
 from treespec.draft.confidence import best_first, build_tree
 
 pytestmark = pytest.mark.exactness
@@ -110,11 +111,25 @@ def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():
     assert caches.offset(drafter.cache) == len(prompt) + 3  # + the leaf and the new root
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 40])
-def test_top_ids_are_the_largest_values_largest_first(k):
-    """The ranking every tree drafter uses, against numpy's full sort
-    (k larger than the row falls back to the whole row)."""
-    x = np.random.default_rng(k).standard_normal((5, 33)).astype(np.float32)
+# Ties and masked rows only where the argmax passes run: the partition above
+# ARGMAX_PASSES orders equal values as it finds them.
+TOP_IDS_CASES = [(k, row) for k in (1, 2, 3, 4, 5, 40) for row in ("normal", "ties", "masked")
+                 if row == "normal" or k <= ARGMAX_PASSES]
+
+
+@pytest.mark.parametrize("k, row", TOP_IDS_CASES, ids=[f"k{k}-{row}" for k, row in TOP_IDS_CASES])
+def test_top_ids_are_the_largest_values_largest_first(k, row):
+    """The ranking every tree drafter uses (argmax passes up to
+    ARGMAX_PASSES, a partition above), against numpy's stable full sort:
+    equal values by lower id, and a row with fewer finite values than k
+    (a masked-out vocabulary) still names k distinct ids, its -inf entries
+    by lower id; k larger than the row falls back to the whole row."""
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((5, 33)).astype(np.float32)
+    if row == "ties":
+        x = np.round(x).astype(np.float32)  # a handful of values, each many times
+    if row == "masked":
+        x[:, 2:] = -np.inf  # two finite entries a row
     want = np.argsort(-x, axis=-1, kind="stable")[:, :k]
     assert np.array(top_ids(mx.array(x), k)).tolist() == want.tolist()
 

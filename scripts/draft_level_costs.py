@@ -1,0 +1,136 @@
+"""Where a tree's drafting costs more than a chain's, level by level, on the
+scaled pair's drafter (or the trained pair's).
+
+    python scripts/draft_level_costs.py [--dims 4096x32] [--repeats 7] [--calls 5]
+    python scripts/draft_level_costs.py --pair default
+
+A chain level is one plain forward over one token and an argmax; a level of
+[2,1,1,1] is a forward over two tokens through the tree injection (mask
+array, per-node RoPE: ``TreeAdapter.verify`` with ``start``) and the top-k
+of each row. Every item is one step ended by an evaluation, timed
+``--calls`` times (median) within a repeat; items interleaved, the order
+rotated every repeat; ratios are medians of per-repeat ratios:
+
+- ranking a level's rows: argmax (k=1, a chain's), ``top_ids`` at k=2 and
+  4 (argmax passes, each masking the ids taken), and the same k by a
+  partition of the vocabulary then a sort of the k (``top_ids`` before),
+  each after ``logprobs_of``;
+- the draft forward of a level: one token (a chain's), two tokens as a
+  plain causal forward, two tokens as a tree level through the injection.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+from treespec import scaled
+from treespec.checkpoints import load_default_pair
+from treespec.draft.base import logprobs_of, top_ids
+from treespec.tree import DraftTree
+from treespec.verify.adapter import adapter_for
+
+CONTEXT = 64
+
+
+def partition_top(logprobs, k):
+    """The k best ids by a partition of the row, then a sort of the k
+    (``top_ids`` for every k before the argmax passes)."""
+    ids = mx.argpartition(-logprobs, k - 1, axis=-1)[:, :k]
+    values = mx.take_along_axis(logprobs, ids, axis=-1)
+    return mx.take_along_axis(ids, mx.argsort(-values, axis=-1), axis=-1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    scaled.add_pair_arguments(ap)
+    ap.add_argument("--pair", choices=("default", "weak"))
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args()
+    if args.pair:
+        _, draft, _ = load_default_pair(args.pair)
+        what = f"trained pair, {args.pair} drafter"
+    else:
+        _, draft = scaled.pair_from_arguments(args)
+        what = f"scaled {args.dims[0]}x{args.dims[1]}'s drafter ({args.draft_layers} layers)"
+    print(f"{what}; mlx {mx.__version__}, {mx.default_device()}; load {os.getloadavg()[0]:.2f}",
+          flush=True)
+    adapter = adapter_for(draft)
+    cache = make_prompt_cache(draft)
+    draft(mx.arange(CONTEXT)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    # Level 2 of [2,1,1,1]: the root and its two children are in the cache
+    # (fed by levels 0 and 1), the two grandchildren are fed now.
+    level = DraftTree([0, 1, 2, 3, 4], [-1, 0, 0, 1, 2])
+    vocab = draft(mx.array([[0]]), cache=cache).shape[-1]
+    trim_prompt_cache(cache, 1)
+    rows = {r: mx.random.normal((r, vocab)) for r in (1, 2)}
+    mx.eval(list(rows.values()))
+
+    items, refs = {}, {}
+    for r, x in rows.items():
+        items[f"rank {r} row(s): argmax"] = lambda x=x: mx.eval(
+            top_ids(logprobs_of(x), 1))
+        for k in (2, 4):
+            items[f"rank {r} row(s): top_ids k={k}"] = lambda x=x, k=k: mx.eval(
+                top_ids(logprobs_of(x), k))
+            items[f"rank {r} row(s): partition k={k}"] = lambda x=x, k=k: mx.eval(
+                partition_top(logprobs_of(x), k))
+            refs[f"rank {r} row(s): top_ids k={k}"] = f"rank {r} row(s): argmax"
+            refs[f"rank {r} row(s): partition k={k}"] = f"rank {r} row(s): argmax"
+
+    def plain(T):
+        def step():
+            mx.eval(draft(mx.arange(T)[None], cache=cache))
+            trim_prompt_cache(cache, T)
+        return step
+
+    def tree_level():
+        draft(mx.arange(3)[None], cache=cache)  # the root and level 1, untimed below
+        mx.eval([c.state for c in cache])
+        t0 = time.perf_counter()
+        mx.eval(adapter.verify(level, cache, start=3))
+        dt = time.perf_counter() - t0
+        trim_prompt_cache(cache, 5)
+        return dt
+
+    items["draft forward, 1 token (a chain level)"] = plain(1)
+    items["draft forward, 2 tokens, plain causal"] = plain(2)
+    refs["draft forward, 2 tokens, plain causal"] = "draft forward, 1 token (a chain level)"
+    timed = {"draft forward, 2 tokens as a tree level (injected)": tree_level}
+    refs["draft forward, 2 tokens as a tree level (injected)"] = \
+        "draft forward, 1 token (a chain level)"
+
+    for fn in items.values():
+        fn()
+    for fn in timed.values():
+        fn()
+    names = list(items) + list(timed)
+    times = {n: [] for n in names}
+    for r in range(args.repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            if n in items:
+                samples = []
+                for _ in range(args.calls):
+                    t0 = time.perf_counter()
+                    items[n]()
+                    samples.append(1e3 * (time.perf_counter() - t0))
+            else:
+                samples = [1e3 * timed[n]() for _ in range(args.calls)]
+            times[n].append(statistics.median(samples))
+    print(f"\nmedians of {args.repeats} interleaved repeats x {args.calls} calls (vocab {vocab}; "
+          f"load {os.getloadavg()[0]:.2f} at the end)")
+    for n in names:
+        ref = refs.get(n)
+        ratio = "" if ref is None else \
+            f"  x{statistics.median(a / b for a, b in zip(times[n], times[ref])):.3f} {ref}"
+        print(f"{n:56} {statistics.median(times[n]):8.3f} ms{ratio}")
+
+
+if __name__ == "__main__":
+    main()
