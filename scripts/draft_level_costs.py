@@ -16,7 +16,8 @@ rotated every repeat; ratios are medians of per-repeat ratios:
   partition of the vocabulary then a sort of the k (``top_ids`` before),
   each after ``logprobs_of``;
 - the draft forward of a level: one token (a chain's), two tokens as a
-  plain causal forward, two tokens as a tree level through the injection.
+  plain causal forward, two tokens as a tree level through the injection;
+- host graph building alone of the last two (evaluated untimed after).
 """
 
 import argparse
@@ -101,9 +102,27 @@ def main():
     items["draft forward, 1 token (a chain level)"] = plain(1)
     items["draft forward, 2 tokens, plain causal"] = plain(2)
     refs["draft forward, 2 tokens, plain causal"] = "draft forward, 1 token (a chain level)"
-    timed = {"draft forward, 2 tokens as a tree level (injected)": tree_level}
+    def building(injected):
+        """Host time to build the level's graph alone (evaluated untimed)."""
+        def step():
+            draft(mx.arange(3)[None], cache=cache)
+            mx.eval([c.state for c in cache])
+            t0 = time.perf_counter()
+            out = (adapter.verify(level, cache, start=3) if injected
+                   else draft(mx.arange(2)[None], cache=cache))
+            dt = time.perf_counter() - t0
+            mx.eval(out)
+            trim_prompt_cache(cache, 5)
+            return dt
+        return step
+
+    timed = {"draft forward, 2 tokens as a tree level (injected)": tree_level,
+             "host graph building, 2 tokens, plain causal": building(False),
+             "host graph building, 2 tokens as a tree level": building(True)}
     refs["draft forward, 2 tokens as a tree level (injected)"] = \
         "draft forward, 1 token (a chain level)"
+    refs["host graph building, 2 tokens as a tree level"] = \
+        "host graph building, 2 tokens, plain causal"
 
     for fn in items.values():
         fn()
