@@ -13,6 +13,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from .module_tree import ModuleTree
+
 # mlx-lm generate_step's default prefill chunk, so caches match classic decoding.
 PREFILL_STEP = 2048
 
@@ -25,10 +27,26 @@ def model_type(model: nn.Module) -> str:
     return str(mt)
 
 
+# The attribute a model object keeps its logits width under (object.__setattr__:
+# a plain instance attribute, not a child module or parameter of nn.Module).
+_VOCAB = "_treespec_vocab"
+
+
 def vocab_size(model: nn.Module) -> int:
     """The width of the model's logits, read off one forward (configs spell
-    it differently, and multimodal wrappers nest it)."""
-    return int(model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1])
+    it differently, and multimodal wrappers nest it), whose graph is built
+    and never evaluated: on a deep model that costs what a forward's host
+    work does, and every decode asks several times (its prompt, both models
+    of a pair, both adapters). So it is read once per model object and kept
+    on it with a snapshot of its module tree (treespec.module_tree): any
+    module put in, replaced or removed (a new head) reads it again; so does
+    a copy of the model (another object id)."""
+    kept = model.__dict__.get(_VOCAB)
+    if kept is not None and kept[0] == id(model) and not kept[1].changed():
+        return kept[2]
+    n = int(model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1])
+    object.__setattr__(model, _VOCAB, (id(model), ModuleTree(model), n))
+    return n
 
 
 def n_params(model: nn.Module) -> int:

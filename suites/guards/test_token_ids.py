@@ -5,11 +5,13 @@ The error names the argument, the position and the reason; nothing reaches
 the embedding unchecked (ids past the table are read out of bounds or crash
 the process)."""
 
+import copy
 import subprocess
 import sys
 import textwrap
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 from suites.guards import helpers
@@ -19,7 +21,7 @@ from treespec.audit.states import fingerprint
 from treespec.decode import decode
 from treespec.draft import ChainDrafter
 from treespec.errors import TreeError
-from treespec.models import prefilled
+from treespec.models import prefilled, vocab_size
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
@@ -132,3 +134,31 @@ def test_no_id_past_the_table_reaches_the_model_even_where_it_would_crash():
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
     results = dict(line.split(" ", 1) for line in lines if line)
     assert len(results) == 25 and set(results.values()) == {"refused"}, results
+
+
+def test_the_vocabulary_is_read_once_per_model_and_again_once_a_module_is_swapped(monkeypatch):
+    """``vocab_size`` builds a forward's graph (host work of a whole forward on
+    a deep model, asked several times a decode), so it keeps the width on the
+    model object with a snapshot of its module tree: a second call builds no
+    forward; a head swapped in is read again, and the ids it no longer has
+    are refused from then on; a copy of the model (another object, with the
+    snapshot of the original's modules) is read for itself."""
+    m = helpers.llama_of_vocabulary(VOCAB)
+    calls = [0]
+    real = nn.Embedding.__call__
+
+    def counting(self, x):
+        calls[0] += 1
+        return real(self, x)
+
+    monkeypatch.setattr(nn.Embedding, "__call__", counting)
+    assert vocab_size(m) == VOCAB and calls[0] == 1
+    assert vocab_size(m) == VOCAB and calls[0] == 1
+    decode(m, [VOCAB - 1, 1], max_tokens=1)  # the last id of the table is one of its ids
+    m.lm_head = nn.Linear(m.args.hidden_size, VOCAB // 2, bias=False)
+    assert vocab_size(m) == VOCAB // 2 and calls[0] >= 3  # (the decode's own forwards counted too)
+    with pytest.raises(ValueError, match="prompt"):
+        decode(m, [VOCAB - 1, 1], max_tokens=1)
+    twin = copy.copy(m)  # shares m's modules, and the snapshot of them kept on m
+    twin.lm_head = nn.Linear(m.args.hidden_size, VOCAB, bias=False)
+    assert vocab_size(twin) == VOCAB and vocab_size(m) == VOCAB // 2

@@ -91,7 +91,7 @@ def _swap(model, what):
 @pytest.mark.parametrize("what", ["a layer", "the layer list", "a rope"])
 def test_a_module_swapped_after_a_verify_gets_the_tree_positions_at_the_next(what):
     """The adapter remembers the rope owners it walked for while the module
-    tree is unchanged (treespec.verify.module_tree); a layer, the layer list
+    tree is unchanged (treespec.module_tree); a layer, the layer list
     or one rope replaced after a verify (equal copies, so the rows must not
     move) is walked for again: every node's row is still its root path's."""
     model = zoo.build("llama")  # not the lru-cached model: its modules are replaced

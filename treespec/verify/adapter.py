@@ -36,7 +36,7 @@ from ..models import model_type, vocab_size
 from ..tree import DraftTree
 from .attention import rope_owners, rope_refusal, tree_injected
 from .guard import restored_on_error, taking_turns
-from .module_tree import ModuleTree
+from ..module_tree import ModuleTree
 from .per_node import one_token_attentions
 from .positions import position_inputs
 from .recurrent import RecurrentStrategy, recurrent_strategy
@@ -92,7 +92,7 @@ class TreeAdapter:
         self._last: Optional[_Verified] = None
         self._vocab: Optional[int] = None
         # The rope owners of the last walk, valid while the module tree is
-        # the snapshot's (treespec.verify.module_tree).
+        # the snapshot's (treespec.module_tree).
         self._owners: Optional[list] = None
         self._tree: Optional[ModuleTree] = None
 

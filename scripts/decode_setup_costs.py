@@ -1,0 +1,60 @@
+"""What a decode call costs around its rounds: the logits width read off a
+forward's graph on every call, against once per model object.
+
+    python scripts/decode_setup_costs.py [--dims 64x32] [--tokens 2] [--repeats 15]
+
+A seeded random llama (``treespec.costcurve.build_llama``, vocabulary 256)
+of HIDDENxLAYERS as the target and its 2-layer twin as the drafter, so that
+a forward's host work dominates; ``treespec.decode`` in chain mode, block 3,
+``--tokens`` tokens, gate off. Two variants interleaved per repeat (5 calls
+each, median): "fresh", the width kept on the models removed before every
+call (what every decode paid before it was kept), and "kept". Prints both
+medians and the median of per-repeat differences.
+"""
+
+import argparse
+import statistics
+import time
+
+from treespec.costcurve import build_llama
+from treespec.decode import decode
+from treespec.flags import parse_dims
+from treespec.models import _VOCAB
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dims", type=parse_dims, default=(64, 32), help="HIDDENxLAYERS of the target")
+    ap.add_argument("--tokens", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    hidden, layers = args.dims
+    target = build_llama(hidden, layers, vocab=256, dtype="bfloat16")
+    draft = build_llama(hidden, 2, vocab=256, dtype="bfloat16")
+    prompt = list(range(20))
+
+    def one(kept):
+        if not kept:
+            for m in (target, draft):
+                m.__dict__.pop(_VOCAB, None)
+        t0 = time.perf_counter()
+        decode(target, prompt, mode="chain", draft_model=draft, max_tokens=args.tokens,
+               block=3, gate=False)
+        return 1e3 * (time.perf_counter() - t0)
+
+    for _ in range(5):
+        one(True), one(False)
+    fresh, kept = [], []
+    for r in range(args.repeats):
+        for variant in ((False, True) if r % 2 == 0 else (True, False)):
+            (kept if variant else fresh).append(statistics.median(one(variant) for _ in range(5)))
+    diff = statistics.median(a - b for a, b in zip(fresh, kept))
+    print(f"target llama {hidden}x{layers}, drafter {hidden}x2, chain b=3, {args.tokens} tokens, "
+          f"{args.repeats} interleaved repeats x 5 calls:\n"
+          f"  width read every call {statistics.median(fresh):8.2f} ms\n"
+          f"  width kept per model  {statistics.median(kept):8.2f} ms\n"
+          f"  difference (median of per-repeat differences) {diff:.2f} ms a decode call")
+
+
+if __name__ == "__main__":
+    main()
