@@ -29,8 +29,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from treespec import scaled
-from treespec.checkpoints import load_default_pair
 from treespec.draft.base import logprobs_of, top_ids
+from treespec.timing import interleaved, ratio
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
 
@@ -47,17 +47,10 @@ def partition_top(logprobs, k):
 
 def main():
     ap = argparse.ArgumentParser()
-    scaled.add_pair_arguments(ap)
-    ap.add_argument("--pair", choices=("default", "weak"))
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--calls", type=int, default=5)
+    scaled.add_study_arguments(ap, repeats=7)
     args = ap.parse_args()
-    if args.pair:
-        _, draft, _ = load_default_pair(args.pair)
-        what = f"trained pair, {args.pair} drafter"
-    else:
-        _, draft = scaled.pair_from_arguments(args)
-        what = f"scaled {args.dims[0]}x{args.dims[1]}'s drafter ({args.draft_layers} layers)"
+    _, draft, what = scaled.study_pair(args)
+    what += "; its drafter measured"
     print(f"{what}; mlx {mx.__version__}, {mx.default_device()}; load {os.getloadavg()[0]:.2f}",
           flush=True)
     adapter = adapter_for(draft)
@@ -124,31 +117,14 @@ def main():
     refs["host graph building, 2 tokens as a tree level"] = \
         "host graph building, 2 tokens, plain causal"
 
-    for fn in items.values():
-        fn()
-    for fn in timed.values():
-        fn()
-    names = list(items) + list(timed)
-    times = {n: [] for n in names}
-    for r in range(args.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for n in order:
-            if n in items:
-                samples = []
-                for _ in range(args.calls):
-                    t0 = time.perf_counter()
-                    items[n]()
-                    samples.append(1e3 * (time.perf_counter() - t0))
-            else:
-                samples = [1e3 * timed[n]() for _ in range(args.calls)]
-            times[n].append(statistics.median(samples))
+    times = interleaved({**items, **timed}, args.repeats, args.calls)
+    names = list(times)
     print(f"\nmedians of {args.repeats} interleaved repeats x {args.calls} calls (vocab {vocab}; "
           f"load {os.getloadavg()[0]:.2f} at the end)")
     for n in names:
         ref = refs.get(n)
-        ratio = "" if ref is None else \
-            f"  x{statistics.median(a / b for a, b in zip(times[n], times[ref])):.3f} {ref}"
-        print(f"{n:56} {statistics.median(times[n]):8.3f} ms{ratio}")
+        shown = "" if ref is None else f"  x{ratio(times, n, ref):.3f} {ref}"
+        print(f"{n:56} {statistics.median(times[n]):8.3f} ms{shown}")
 
 
 if __name__ == "__main__":

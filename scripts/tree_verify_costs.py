@@ -40,9 +40,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from treespec import scaled
-from treespec.checkpoints import load_default_pair
 from treespec.draft import make_drafter
 from treespec.rollback import commit_path
+from treespec.timing import interleaved, ratio
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
 from treespec.verify.attention import injected, rope_owners
@@ -75,29 +75,11 @@ def primitives(*arrays) -> int:
         os.remove(path)
 
 
-def step_ms(fn, calls):
-    out = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        out.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(out)
-
-
 def main():
     ap = argparse.ArgumentParser()
-    scaled.add_pair_arguments(ap)
-    ap.add_argument("--pair", choices=("default", "weak"),
-                    help="the built-in trained pair (its target and that drafter) instead")
-    ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--calls", type=int, default=5, help="timed calls per item and repeat")
+    scaled.add_study_arguments(ap, repeats=9)
     args = ap.parse_args()
-    if args.pair:
-        target, draft, _ = load_default_pair(args.pair)
-        what = f"trained pair, {args.pair} drafter"
-    else:
-        target, draft = scaled.pair_from_arguments(args)
-        what = f"scaled {args.dims[0]}x{args.dims[1]}, alpha {args.alpha}"
+    target, draft, what = scaled.study_pair(args)
     print(f"{what}; mlx {mx.__version__}, {mx.default_device()}; load "
           f"{os.getloadavg()[0]:.2f}", flush=True)
     adapter = adapter_for(target)
@@ -255,27 +237,16 @@ def main():
     timed.update(commits)
 
     # -- run, interleaved ----------------------------------------------------
-    for fn in list(items.values()):  # warm-up
-        fn()
-    for fn in timed.values():
-        fn()
-    names = list(items) + list(timed)
-    times = {n: [] for n in names}
-    for r in range(args.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for n in order:
-            if n in items:
-                times[n].append(step_ms(items[n], args.calls))
-            else:
-                times[n].append(statistics.median(1e3 * timed[n]() for _ in range(args.calls)))
+    times = interleaved({**items, **timed}, args.repeats, args.calls)
+    names = list(times)
     med = {n: statistics.median(v) for n, v in times.items()}
     refs.update({n: "verify [2,1,1,1] (9)" for n in commits})
 
-    def ratio(n):
+    def shown(n):
         ref = refs.get(n)
         if ref is None:
             return ""
-        return f"  x{statistics.median(a / b for a, b in zip(times[n], times[ref])):.3f} {ref}"
+        return f"  x{ratio(times, n, ref):.3f} {ref}"
 
     print(f"\nmedians of {args.repeats} interleaved repeats x {args.calls} calls "
           f"(load {os.getloadavg()[0]:.2f} at the end)")
@@ -288,7 +259,7 @@ def main():
             ev = commit_evals["first-choice" if "first-choice" in n
                               else "buffers" if "buffers" in n else "branch"]
             extra = f"  [{ev} host evaluations]"
-        print(f"{n:58} {med[n]:8.3f} ms{ratio(n)}{extra}")
+        print(f"{n:58} {med[n]:8.3f} ms{shown(n)}{extra}")
     print(f"\ngraph primitives, verify of the 9-node spine {g_verify} against a plain 9-token "
           f"forward {g_plain} (x{g_verify / g_plain:.2f})")
 

@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from .checkpoints import load_default_pair
 from .costcurve import build_llama, parse_dims
 from .models import n_params
 from .rounds import classic
@@ -42,6 +43,27 @@ def add_pair_arguments(ap: argparse.ArgumentParser):
 def pair_from_arguments(args, dtype: str = "bfloat16"):
     """(target, drafter) as ``add_pair_arguments``' options ask."""
     return build_pair(*args.dims, args.draft_layers, args.alpha, dtype)
+
+
+def add_study_arguments(ap: argparse.ArgumentParser, repeats: int):
+    """A measurement script's pair (``add_pair_arguments``, or ``--pair`` for
+    the built-in trained pair with that drafter) and its ``--repeats`` and
+    ``--calls`` (treespec.timing.interleaved)."""
+    add_pair_arguments(ap)
+    ap.add_argument("--pair", choices=("default", "weak"),
+                    help="the built-in trained pair (its target and that drafter) instead")
+    ap.add_argument("--repeats", type=int, default=repeats)
+    ap.add_argument("--calls", type=int, default=5, help="timed calls per item and repeat")
+
+
+def study_pair(args):
+    """(target, drafter, what they are) as ``add_study_arguments``' options ask."""
+    if args.pair:
+        target, draft, _ = load_default_pair(args.pair)
+        return target, draft, f"trained pair, {args.pair} drafter"
+    target, draft = pair_from_arguments(args)
+    return target, draft, (f"scaled {args.dims[0]}x{args.dims[1]}, alpha {args.alpha}, "
+                           f"drafter {args.draft_layers} layers")
 
 
 def build_pair(hidden: int = 2048, layers: int = 16, draft_layers: int = 2,
