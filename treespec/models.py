@@ -40,12 +40,14 @@ def vocab_size(model: nn.Module) -> int:
     of a pair, both adapters). So it is read once per model object and kept
     on it with a snapshot of its module tree (treespec.module_tree): any
     module put in, replaced or removed (a new head) reads it again; so does
-    a copy of the model (another object id)."""
+    a copy of the model (another object id). The snapshot holds the model
+    itself weakly: keeping it there makes no reference cycle, so a model
+    dropped is freed at once, its arrays with it."""
     kept = model.__dict__.get(_VOCAB)
     if kept is not None and kept[0] == id(model) and not kept[1].changed():
         return kept[2]
     n = int(model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1])
-    object.__setattr__(model, _VOCAB, (id(model), ModuleTree(model), n))
+    object.__setattr__(model, _VOCAB, (id(model), ModuleTree(model, weak_root=True), n))
     return n
 
 

@@ -16,6 +16,7 @@ report a change, except an array added or removed (a length), which only
 costs one walk more.
 """
 
+import weakref
 from operator import getitem, is_not
 from typing import List, Tuple
 
@@ -25,9 +26,16 @@ __all__ = ["ModuleTree"]
 
 
 class ModuleTree:
-    """A snapshot of ``model``'s module tree (see the module's docstring)."""
+    """A snapshot of ``model``'s module tree (see the module's docstring).
 
-    def __init__(self, model: nn.Module):
+    ``weak_root``: hold the model itself by a weak reference (its children
+    strongly, as always), so that a snapshot kept on the model (a plain
+    instance attribute) makes no reference cycle: the model is freed when
+    its last reference goes, not at the next cycle collection. A snapshot
+    whose model is gone reports a change."""
+
+    def __init__(self, model: nn.Module, weak_root: bool = False):
+        self._root = weakref.ref(model) if weak_root else None
         self.containers: List[Tuple[object, int]] = []
         self.edges: List[Tuple[object, object, object]] = []
         seen = set()
@@ -52,10 +60,23 @@ class ModuleTree:
 
         visit(model)
         self._lengths = None
+        if weak_root:
+            # The root's own length and edges apart, by key; every other
+            # record holds no path back to the root (children do not
+            # reference their parents).
+            self._root_len = len(model)
+            self._root_edges = [(k, v) for h, k, v in self.edges if h is model]
+            self.containers = [(c, n) for c, n in self.containers if c is not model]
+            self.edges = [e for e in self.edges if e[0] is not model]
 
     def changed(self) -> bool:
         """Whether any container's length or any edge's value differs from
         the snapshot's (a tuple's elements cannot be replaced, only the tuple)."""
+        if self._root is not None:
+            root = self._root()
+            if root is None or len(root) != self._root_len or any(
+                    root.get(k) is not v for k, v in self._root_edges):
+                return True
         if self._lengths is None:  # flat columns, so the checks below loop in C
             self._holders = [c for c, _ in self.containers]
             self._lengths = [n for _, n in self.containers]

@@ -34,7 +34,13 @@ def prompt(n: int = 12, seed: int = 0) -> list:
 @lru_cache(maxsize=None)
 def llama_of_vocabulary(vocab: int):
     """The zoo llama's architecture with ``vocab`` token ids (mlx-lm's own
-    initialisation): a drafter whose logits are not the target's width."""
+    initialisation): a drafter whose logits are not the target's width.
+    Built once per process: never edit it."""
+    return own_llama(vocab)
+
+
+def own_llama(vocab: int = VOCAB):
+    """The same, a new object every call: for a test that changes it."""
     cfg = zoo.config("llama")
     cfg["vocab_size"] = vocab
     m = llama.Model(llama.ModelArgs.from_dict(cfg))

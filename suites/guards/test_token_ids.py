@@ -6,9 +6,11 @@ the embedding unchecked (ids past the table are read out of bounds or crash
 the process)."""
 
 import copy
+import gc
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -143,7 +145,7 @@ def test_the_vocabulary_is_read_once_per_model_and_again_once_a_module_is_swappe
     forward; a head swapped in is read again, and the ids it no longer has
     are refused from then on; a copy of the model (another object, with the
     snapshot of the original's modules) is read for itself."""
-    m = helpers.llama_of_vocabulary(VOCAB)
+    m = helpers.own_llama()  # changed below: not the process's shared model
     calls = [0]
     real = nn.Embedding.__call__
 
@@ -162,3 +164,18 @@ def test_the_vocabulary_is_read_once_per_model_and_again_once_a_module_is_swappe
     twin = copy.copy(m)  # shares m's modules, and the snapshot of them kept on m
     twin.lm_head = nn.Linear(m.args.hidden_size, VOCAB, bias=False)
     assert vocab_size(twin) == VOCAB and vocab_size(m) == VOCAB // 2
+
+
+def test_a_model_whose_vocabulary_was_read_is_freed_with_its_last_reference():
+    """What ``vocab_size`` keeps on the model holds the model itself only
+    weakly: no reference cycle, so dropping the last reference frees the
+    model (and its arrays) at once, not at the next cycle collection."""
+    m = helpers.own_llama()  # its own: the process's shared one is never freed
+    assert vocab_size(m) == VOCAB
+    gone = weakref.ref(m)
+    gc.disable()
+    try:
+        del m
+        assert gone() is None
+    finally:
+        gc.enable()
