@@ -31,6 +31,7 @@ from mlx_lm.models.cache import KVCache
 from .caches import Entry, Tail, leaves, mode_of, plan_commit, refuse
 from .errors import RollbackRefused, TreeError
 from .mixers import Mixer, discover, get_slot, set_slot
+from .rows import Written
 from .standin import StandIn
 from .tree import DraftTree
 
@@ -188,9 +189,9 @@ _MISSING = object()
 @contextmanager
 def capture_written(cache: List[Any]):
     """Record what each plain KVCache of ``cache`` is given to write during
-    the block: cache id -> [(keys, values, cache keys, cache values), ...],
-    one per update, from the capturing thread only, with the array objects
-    the cache holds right after that update. A commit that moves rows reads
+    the block: cache id -> [Written, ...] (treespec.rows), one per update,
+    from the capturing thread only, with the array objects the cache holds
+    right after that update. A commit that moves rows reads
     them from these (``Tail.written``) instead of from the cache's buffer,
     so it needs no evaluation before its writes (treespec.rows.move_keys_values),
     but only while the cache still holds those very objects: model code that
@@ -198,7 +199,9 @@ def capture_written(cache: List[Any]):
     zeros as its values; ``mx.depends`` wrappers) makes the update's input
     not what the cache holds. Wraps ``update_and_fetch`` on the instance,
     whatever it is there (an instrument's stand-in included), and always
-    puts back what was there."""
+    puts back what was there. (treespec.audit.movement.recorded records
+    updates too, on its own: it is the independent check of what a commit
+    keeps, so it does not share this mechanism.)"""
     written = {}
     thread = threading.get_ident()
     saved = []
@@ -207,7 +210,7 @@ def capture_written(cache: List[Any]):
         def update_and_fetch(keys, values):
             out = update(keys, values)
             if threading.get_ident() == thread:
-                written.setdefault(id(c), []).append((keys, values, c.keys, c.values))
+                written.setdefault(id(c), []).append(Written(keys, values, c.keys, c.values))
             return out
         return update_and_fetch
 

@@ -3,8 +3,26 @@ tree gathered from where the verify wrote it and placed where a forward over
 the path alone would have written it. Lazy mx ops; a cache mode
 (treespec.caches) decides where its rows start and whether it owns them."""
 
+from typing import NamedTuple
+
 import mlx.core as mx
 import numpy as np
+
+
+class Written(NamedTuple):
+    """What one update of a verify gave a cache to write (node i at row i),
+    and the arrays the cache held right after it
+    (treespec.rollback.capture_written)."""
+
+    keys: mx.array
+    values: mx.array
+    cache_keys: mx.array
+    cache_values: mx.array
+
+    def holds(self, c) -> bool:
+        """Whether ``c`` still holds what that update left (no model code
+        rebound its arrays since)."""
+        return self.cache_keys is c.keys and self.cache_values is c.values
 
 
 class Tail:
@@ -15,11 +33,9 @@ class Tail:
 
     def __init__(self, offset: int, parents, path: np.ndarray, written=None):
         self.offset, self.path, self.k = offset, path, len(path)
-        # cache id -> (keys, values) that one update of the verify wrote, node
-        # i at row i, and the cache's keys and values objects right after it
-        # (treespec.rollback.capture_written): where the moved rows are read
-        # from while the cache still holds those objects, so that no read
-        # aliases a cache's buffer.
+        # cache id -> the Written of the verify's one update of that cache:
+        # where the moved rows are read from while the cache holds what it
+        # left, so that no read aliases a cache's buffer.
         self.written = written or {}
         self._index = {}
         self.parents = list(parents)
@@ -87,9 +103,8 @@ def move_keys_values(c, start: int, tail: Tail, owned: bool = True):
     first, and the writes take the buffer in place when the next forward
     evaluates them."""
     src = tail.written.get(id(c))
-    if (owned and src is not None and src[2] is c.keys and src[3] is c.values
-            and src[0].shape[2] == tail.n):
-        rows, reads = (gather_rows(src[0], 0, tail), gather_rows(src[1], 0, tail)), []
+    if owned and src is not None and src.holds(c) and src.keys.shape[2] == tail.n:
+        rows, reads = (gather_rows(src.keys, 0, tail), gather_rows(src.values, 0, tail)), []
     else:
         rows = gather_rows(c.keys, start, tail), gather_rows(c.values, start, tail)
         reads = rows[0] + rows[1]

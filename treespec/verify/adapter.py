@@ -54,7 +54,7 @@ class _Verified:
     topology: DraftTree  # the tree the rows were written by
     snapshot: rollback.Snapshot  # references to the pre-verify state
     captures: Optional[rollback.Captures]  # recurrent inputs and kept states
-    written: Optional[dict] = None  # cache id -> the (keys, values) its one update wrote
+    written: Optional[dict] = None  # cache id -> what its one update wrote (rows.Written)
 
 
 class TreeAdapter:
@@ -278,11 +278,11 @@ class TreeAdapter:
             if inject or plans:
                 probe = stack.enter_context(
                     self.injection(cache, tree, owners, start, plans=plans, ropes=inject))
-            written = None
+            updates = None
             if inject and start == 0 and not tree.is_linear():
                 # A branch's commit reads its rows from what this forward
                 # wrote, not from the caches' buffers: no evaluation first.
-                written = stack.enter_context(rollback.capture_written(cache))
+                updates = stack.enter_context(rollback.capture_written(cache))
             if has_recurrent:
                 # Innermost, so it records whatever mixer the strategy put in;
                 # commit replays the path's rows through the real one.
@@ -301,7 +301,7 @@ class TreeAdapter:
             # the accepted one instead of replaying the path.
             for entry, states in self.recurrent.kept_states():
                 captures.keep(entry, states)
-        written = rollback.single_updates(written) if written else None
+        written = rollback.single_updates(updates) if updates else None
         self._last = _Verified(cache, offset, tree, snap, captures, written)
         return logits[0]
 
