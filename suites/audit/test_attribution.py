@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.models.cache import QuantizedKVCache
 
 from suites.audit.helpers import assert_numeric_row, rows_verdict
-from suites.families.helpers import build
+from suites.families.helpers_models import build
 from suites.helpers_numerics import EXACT_REGIMES, model_label
 from suites.verdict import AUDIT, record
 from treespec.blas import regime

@@ -48,227 +48,36 @@ backend's arithmetic. Where a family's rows are not bit for bit the
 references' and the backend is not exact, :func:`envelope_verdict` judges
 them against the backend's envelope instead (suites/verify's rule).
 
-    modules()          every module name (and "module@variant") to sweep
-    build(name)        the tiny seeded model
     run(name, factory) Outcome: verdict, detail, notes, commits not kept exactly
     envelope_verdict(outcome)  the outcome's rows judged against the envelope
+
+The models and the reference forwards are helpers_models'.
 """
 
 import copy
-import importlib
-import inspect
-import os
-import types
 from dataclasses import dataclass, field
 from typing import Callable, List
 
 import mlx.core as mx
-import mlx.nn as nn
-import mlx_lm.models as mlx_lm_models
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.models import bitlinear_layers
-from mlx_lm.models.mla import MultiLinear, QuantizedMultiLinear
-from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-from suites.families.helpers_configs import VARIANTS, config
+from suites.families.helpers_models import maxdiff, build, forward, latent
 from treespec import numerics
 from treespec.audit.movement import mismatches, moved, recorded
+from treespec.caches import leaves
 from treespec.errors import RollbackRefused, TreeRefused
-from treespec.standin import StandIn
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
-# mlx-lm's shared layers, not model families.
-SHARED = {"base", "cache", "rope_utils", "switch_layers", "__init__", "activations",
-          "bitlinear_layers", "gated_delta", "mla", "pipeline", "ssm"}
 PARENTS = [-1, 0, 0, 1, 1, 2, 4]  # branching: siblings at depths 1 and 2
 PATH = [0, 1, 4, 6]  # moves rows (node 4 at slot 2, node 6 at slot 3)
 SHORT, LONG = 12, 28  # inside and past every window (helpers_configs.W = 16)
-SEED = 0
 
 CONTRACT = "families: sweep = mlx-lm forwards"  # its row in the verdict table
 EXACT, ROOT_ROW, MULTI_TOKEN, REFUSED, CANNOT_RUN, WRONG = (
     "exact", "exact (root row: multi-token path)", "exact (multi-token path)", "refused",
     "cannot run", "WRONG")
-
-
-def modules() -> List[str]:
-    folder = os.path.dirname(mlx_lm_models.__file__)
-    names = sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f[:-3] not in SHARED)
-    return names + sorted(VARIANTS)
-
-
-# -- building -----------------------------------------------------------------
-
-
-def _cpu_bitlinear(self, x, packed):
-    """bitnet's BitLinear matmul in plain MLX ops (its own is a Metal kernel):
-    the 2-bit ternary weights unpacked, x @ W.T, scaled."""
-    shape = x.shape
-    x = x.reshape(-1, shape[-1])
-    w = mx.concatenate([((packed >> (2 * k)) & 3).astype(x.dtype) - 1 for k in range(4)], axis=0)
-    out = x @ w.T
-    s = self.weight_scale[0]
-    out = out / s if self.invert_weight_scales else out * s
-    return out.reshape(*shape[:-1], self.out_features)
-
-
-def build(name: str, seed: int = SEED):
-    """The tiny model: default init plus seeded noise on every float
-    parameter (matrices on the scale of their init, vectors +-0.05), so no
-    zero-initialised gate or bias leaves a family's paths untested."""
-    cfg = config(name)
-    mod = importlib.import_module(f"mlx_lm.models.{name.split('@')[0]}")
-    mx.random.seed(seed)
-    model = mod.Model(mod.ModelArgs.from_dict(cfg))
-    rng = np.random.RandomState(seed)
-    new = []
-    for k, v in tree_flatten(model.parameters()):
-        if mx.issubdtype(v.dtype, mx.floating):
-            s = 1.0 / np.sqrt(v.shape[-1]) if v.ndim >= 2 else 0.05
-            noise = rng.standard_normal(v.shape).astype(np.float32) * s
-            v = (v.astype(mx.float32) + mx.array(noise)).astype(v.dtype)
-        new.append((k, v))
-    model.update(tree_unflatten(new))
-    if name == "bitnet":
-        for _, m in model.named_modules():
-            if isinstance(m, bitlinear_layers.BitLinear):
-                m.execute_matmul_kernel = types.MethodType(_cpu_bitlinear, m)
-                m.weight = mx.array(rng.randint(0, 256, m.weight.shape).astype("uint8"))
-                r = float(np.sqrt(m.in_features))
-                m.weight_scale = mx.array([r if m.invert_weight_scales else 1.0 / r])
-    mx.eval(model.parameters())
-    model.eval()
-    return model
-
-
-# -- references ---------------------------------------------------------------
-
-
-def _maxdiff(a, b) -> float:
-    a, b = a.astype(mx.float32), b.astype(mx.float32)
-    if a.shape == b.shape and mx.array_equal(a, b).item():
-        return 0.0
-    if a.shape != b.shape:
-        return float("inf")
-    d = mx.where(a == b, 0.0, mx.abs(a - b))
-    return float(mx.where(mx.isnan(d), float("inf"), d).max())
-
-
-class _Stepped(StandIn):
-    """Runs a module handed an ArraysCache one token at a time (unless an
-    outer one already does): what classic decoding does in that layer."""
-
-    def __init__(self, inner, busy):
-        super().__init__()
-        self.inner = inner
-        object.__setattr__(self, "_busy", busy)
-        object.__setattr__(self, "_sig", inspect.signature(inner.__call__))
-
-
-    def __call__(self, *args, **kwargs):
-        try:
-            bound = self._sig.bind(*args, **kwargs).arguments
-        except TypeError:
-            return self.inner(*args, **kwargs)
-        names = list(bound)
-        x = bound[names[0]]
-        if self._busy[0] or type(bound.get("cache")) is not ArraysCache or x.shape[1] == 1:
-            return self.inner(*args, **kwargs)
-        L = x.shape[1]
-        self._busy[0] = True
-        try:
-            outs = []
-            for t in range(L):
-                call = {}
-                for k, v in bound.items():
-                    if isinstance(v, mx.array) and v.ndim >= 2 and v.shape[:2] == (1, L):
-                        v = v[:, t : t + 1]
-                    elif k == "offset" and isinstance(v, int):
-                        v = v + t
-                    elif k == "mask":
-                        v = None
-                    call[k] = v
-                outs.append(self.inner(**call))
-        finally:
-            self._busy[0] = False
-        return _concat(outs)
-
-
-def _concat(outs):
-    if isinstance(outs[0], mx.array):
-        return mx.concatenate(outs, axis=1)
-    if outs[0] is None:
-        return None
-    return type(outs[0])(_concat([o[i] for o in outs]) for i in range(len(outs[0])))
-
-
-def _cache_takers(model):
-    """(container, key, module) of every submodule whose call takes ``cache``."""
-    out = []
-
-    def visit(module):
-        for key, value in module.items():
-            items = ([(module, key, value)] if isinstance(value, nn.Module) else
-                     [(value, i, v) for i, v in enumerate(value)] if isinstance(value, list) else [])
-            for container, k, child in items:
-                if not isinstance(child, nn.Module):
-                    continue
-                try:
-                    if "cache" in inspect.signature(child.__call__).parameters:
-                        out.append((container, k, child))
-                except (AttributeError, TypeError, ValueError):
-                    pass
-                visit(child)
-
-    visit(model)
-    return out
-
-
-def _leaves(cache):
-    for c in cache:
-        yield from (((None, s) for s in c.caches) if type(c) is CacheList else [(None, c)])
-
-
-def _put(container, key, module):
-    if isinstance(container, nn.Module):
-        setattr(container, key, module)
-    else:
-        container[key] = module
-
-
-def latent(model) -> bool:
-    """Whether ``model`` has a multi-head latent attention (a module with a
-    ``MultiLinear`` child), whose one-token step is a code path of its own."""
-    return any(isinstance(v, (MultiLinear, QuantizedMultiLinear))
-               for _, m in model.named_modules() for v in m.values())
-
-
-def forward(model, cache, tokens, stepped=True, whole=False) -> mx.array:
-    """Logits [T, vocab] of mlx-lm's forward over ``tokens``; ``stepped``:
-    as classic decoding computes them, recurrent layers one token at a time,
-    and where a cache is a sliding-window ring the whole model one token at a
-    time (a one-token step sees the ring in slot order, a multi-token
-    forward in time order: treespec verifies as the steps do). ``whole``:
-    the whole model one token at a time anyway (classic decoding itself)."""
-    ring = any(type(c) is RotatingKVCache for _, c in _leaves(cache))
-    if len(tokens) > 1 and (whole or (stepped and ring)):
-        return mx.concatenate([forward(model, cache, [t], stepped) for t in tokens], axis=0)
-    swapped = []
-    if stepped:
-        busy = [False]
-        for container, key, module in _cache_takers(model):
-            _put(container, key, _Stepped(module, busy))
-            swapped.append((container, key, module))
-    try:
-        out = model(mx.array([list(tokens)]), cache=cache)
-    finally:
-        for container, key, module in reversed(swapped):
-            _put(container, key, module)
-    out = out[0] if isinstance(out, (tuple, list)) else out
-    mx.eval(out)
-    return out[0]
 
 
 # -- one family ---------------------------------------------------------------
@@ -306,23 +115,23 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
         path = [tree.tokens[j] for j in tree.path_to(i)]
         ref = forward(model, copy.deepcopy(before), path, whole=steps)[-1]
         refs.append(ref)
-        diffs.append(_maxdiff(ref, rows[i]))
+        diffs.append(maxdiff(ref, rows[i]))
         if steps and diffs[-1] and len(path) > 1:
             # kept on the multi-token path: documented only where the row is
             # mlx-lm's multi-token forward and that differs from the steps
             plain = forward(model, copy.deepcopy(before), path)[-1]
-            plain_ok[i] = _maxdiff(plain, rows[i]) == 0.0 and _maxdiff(plain, ref) > 0
+            plain_ok[i] = maxdiff(plain, rows[i]) == 0.0 and maxdiff(plain, ref) > 0
     res = {"diffs": diffs, "judged": (before, rows, mx.stack(refs)), "wrapped": any(
-        type(c) is RotatingKVCache and c.offset >= c.max_size for _, c in _leaves(before))}
+        type(c) is RotatingKVCache and c.offset >= c.max_size for _, c in leaves(before))}
     if diffs[0]:
         two = forward(model, copy.deepcopy(before), [tree.tokens[0], tree.tokens[1]])[0]
         one = forward(model, copy.deepcopy(before), [tree.tokens[0]])[-1]
-        res["root_documented"] = _maxdiff(two, rows[0]) == 0.0 and _maxdiff(two, one) > 0
+        res["root_documented"] = maxdiff(two, rows[0]) == 0.0 and maxdiff(two, one) > 0
     res["multi_token"] = bool(plain_ok) and all(
         plain_ok.get(i, False) or (i == 0 and res.get("root_documented", False))
         for i, d in enumerate(diffs) if d)
     deep = [tree.tokens[j] for j in tree.path_to(len(tree) - 1)]
-    res["scan_vs_step"] = _maxdiff(forward(model, copy.deepcopy(before), deep, stepped=False)[-1],
+    res["scan_vs_step"] = maxdiff(forward(model, copy.deepcopy(before), deep, stepped=False)[-1],
                                    forward(model, copy.deepcopy(before), deep)[-1])
     adapter.commit(cache, tree, PATH)
     # the reference cache is fed as the verify computed: one-token steps, or
@@ -335,7 +144,7 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
     # A chain is mlx-lm's own chain verify (a plain forward, recurrent layers
     # through their multi-token path; a ring laid out as one-token steps see
     # it); its commit replays the kept prefix.
-    ring = any(type(c) is RotatingKVCache for _, c in _leaves(before))
+    ring = any(type(c) is RotatingKVCache for _, c in leaves(before))
     chain, cache = DraftTree.linear(tree.tokens[:4]), copy.deepcopy(before)
     mx.eval(adapter.verify(chain, cache))
     adapter.commit(cache, chain, [0, 1, 2])
@@ -347,7 +156,7 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
         # the kept prefix alone against the same rows of the chain's forward.
         alone = forward(model, copy.deepcopy(before), chain.tokens[:3], stepped=False)
         whole = forward(model, copy.deepcopy(before), chain.tokens, stepped=False)
-        res["prefix"] = _maxdiff(alone, whole[:3])
+        res["prefix"] = maxdiff(alone, whole[:3])
     return res
 
 
@@ -369,7 +178,7 @@ def _not_kept(before, writes, captures, tree, committed, ref) -> str:
 
 def _decode_diff(model, ours, ref, tokens) -> float:
     """Worst difference of one-token decode steps on two caches."""
-    return max(_maxdiff(forward(model, ours, [t])[-1], forward(model, ref, [t])[-1])
+    return max(maxdiff(forward(model, ours, [t])[-1], forward(model, ref, [t])[-1])
                for t in tokens)
 
 

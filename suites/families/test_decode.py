@@ -7,7 +7,7 @@ partial paths and roll the rest back."""
 
 import pytest
 
-from suites.families import helpers as H
+from suites.families import helpers_models as M
 from treespec.decode import decode
 
 pytestmark = pytest.mark.exactness
@@ -23,7 +23,7 @@ PROMPT = [5, 17, 3, 9]  # + 10 tokens: inside every window (16), past ministral3
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_tree_decoding_emits_the_classic_tokens(name):
-    target, drafter = H.build(name), H.build(name, seed=1)
+    target, drafter = M.build(name), M.build(name, seed=1)
     classic = decode(target, PROMPT, max_tokens=10).tokens
     tree = decode(target, PROMPT, mode="tree", draft_model=drafter, branching=(2, 2, 1),
                   max_tokens=10, gate=False)

@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
 from suites.families import helpers as H
+from suites.families import helpers_models as M
 from suites.helpers_numerics import EXACT_REGIMES
 from suites.verdict import expect
 from treespec import numerics
@@ -100,7 +101,7 @@ def check(name: str, outcome: H.Outcome, record: bool = True) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", H.modules())
+@pytest.mark.parametrize("name", M.modules())
 def test_every_family_verifies_a_branching_tree_and_rolls_back_or_is_refused_by_reason(
         name, record_property):
     outcome = H.run(name)
@@ -113,7 +114,7 @@ def test_every_family_verifies_a_branching_tree_and_rolls_back_or_is_refused_by_
 def test_a_multimodal_checkpoint_verifies_its_language_model(name, tmp_path):
     """Saved as a checkpoint of the wrapper's model_type and loaded back by
     mlx-lm: the adapter reaches the language model inside the wrapper."""
-    built = H.build(name)
+    built = M.build(name)
     mx.save_safetensors(str(tmp_path / "model.safetensors"), dict(tree_flatten(built.parameters())))
     (tmp_path / "config.json").write_text(json.dumps(config(name)))
     loaded, _ = load_model(tmp_path)
@@ -122,7 +123,7 @@ def test_a_multimodal_checkpoint_verifies_its_language_model(name, tmp_path):
 
 
 def test_nine_in_ten_families_mlx_lm_can_run_have_an_audit_record():
-    names = [n for n in H.modules() if "@" not in n]
+    names = [n for n in M.modules() if "@" not in n]
     runnable = [n for n in names if n not in CANNOT_RUN]
     assert {f"mlx_lm.models.{n}" for n in runnable} >= AUDITED
     assert len(AUDITED) >= 0.9 * len(runnable), (len(AUDITED), len(runnable))

@@ -8,6 +8,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, CacheList, make_prompt_cache
 
 from suites.families import helpers as H
+from suites.families import helpers_models as M
 from treespec.audit.states import fingerprint
 from treespec.errors import TreeRefused
 from treespec.models import prefill
@@ -42,10 +43,10 @@ def has_arrays_cache(model) -> bool:
 def test_the_list_is_every_recurrent_family():
     """RECURRENT above is read off the models, not hoped for."""
     found = []
-    for name in H.modules():
+    for name in M.modules():
         if "@" in name or name in ("olmo", "muse_spark"):
             continue
-        if has_arrays_cache(H.build(name)):
+        if has_arrays_cache(M.build(name)):
             found.append(name)
     assert sorted(found) == sorted(RECURRENT + ["baichuan_m1"])  # baichuan_m1: refused
 
@@ -53,7 +54,7 @@ def test_the_list_is_every_recurrent_family():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RECURRENT)
 def test_the_footprint_is_what_the_kept_states_hold_and_a_bigger_tree_is_refused(name, monkeypatch):
-    model = H.build(name)
+    model = M.build(name)
     cache = make_prompt_cache(model)
     prefill(model, cache, [3, 1, 4, 1, 5, 9, 2, 6])
     tree = DraftTree([7, 8, 9, 10, 11, 12, 13], H.PARENTS)

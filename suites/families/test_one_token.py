@@ -17,6 +17,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from suites.families import helpers as H
+from suites.families import helpers_models as M
 from suites.helpers_numerics import EXACT_REGIMES
 from suites.verdict import expect
 from treespec import numerics
@@ -28,20 +29,20 @@ pytestmark = pytest.mark.exactness
 
 
 def test_a_per_position_scale_reaches_each_node_as_its_step_sees_it():
-    model = H.build("mistral4")
+    model = M.build("mistral4")
     rng = np.random.RandomState(2)
     prompt = [int(t) for t in rng.randint(0, 256, 14)]
     tree = DraftTree([int(t) for t in rng.randint(0, 256, len(H.PARENTS))], H.PARENTS)
     cache = make_prompt_cache(model)
-    H.forward(model, cache, prompt, stepped=False)
+    M.forward(model, cache, prompt, stepped=False)
     before = copy.deepcopy(cache)
     rows = adapter_for(model).verify(tree, cache)
     mx.eval(rows)
-    refs = mx.stack([H.forward(model, copy.deepcopy(before),
+    refs = mx.stack([M.forward(model, copy.deepcopy(before),
                                [tree.tokens[j] for j in tree.path_to(i)], whole=True)[-1]
                      for i in range(len(tree))])
     if regime() in EXACT_REGIMES:
-        diffs = [H._maxdiff(refs[i], rows[i]) for i in range(len(tree))]
+        diffs = [M.maxdiff(refs[i], rows[i]) for i in range(len(tree))]
         assert diffs == [0.0] * len(tree), diffs
     env = lambda: numerics.envelope(model, len(prompt), numerics.widths_of(tree, 2))
     controls = lambda: numerics.controls(model, before, tree, refs)
