@@ -8,16 +8,18 @@ import threading
 import time
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 from suites.guards import helpers
 from treespec.audit.states import plain
+from treespec.draft import make_drafter
 from treespec.models import prefilled
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify import guard
 from treespec.verify.adapter import TreeAdapter
-from treespec.verify.attention import tree_injected, tree_mask
+from treespec.verify.attention import TreeRoPE, tree_injected, tree_mask
 
 pytestmark = pytest.mark.exactness
 
@@ -133,3 +135,74 @@ def test_a_second_tree_verify_of_the_model_waits_for_the_first(family):
         assert mx.array_equal(v.logits, want_verify).item()
         assert mx.array_equal(plain(model, v.cache, [7]), want_next).item()
     assert second.inside.is_set()
+
+
+class HeldInInjection(nn.Module):
+    """Stands in for the first layer's MLP and holds the thread that calls
+    it while that layer's rope is a tree stand-in (inside a tree injection,
+    every rope and mask swapped), until released: the injection's probe
+    is reached after it, so the injection itself is untouched."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.inner = layer.mlp
+        # not a child: the layer holds this module (no cycle in the tree)
+        object.__setattr__(self, "_attention", layer.self_attn)
+        self.inside, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, x):
+        if isinstance(self._attention.rope, TreeRoPE) and not self.inside.is_set():
+            self.inside.set()
+            assert self.release.wait(WAIT), "never released"
+        return self.inner(x)
+
+
+def drafted(drafter, model, context, root):
+    """The device round of ``drafter`` on ``model``, its tokens read (in the
+    calling thread: a lazy array belongs to the thread that built it)."""
+    drafter.start(model, context)
+    return drafter.draft(root).tree
+
+
+@pytest.mark.parametrize("shape", [dict(branching=[2, 1]), dict(budget=4, width=2)],
+                         ids=["fixed [2,1]", "confidence n=4 width 2"])
+def test_a_tree_verify_waits_for_a_drafting_level_of_the_same_model(shape):
+    """A tree drafter's wide level injects without ``adapter.verify`` (no
+    snapshot to keep), still holding the verify's turn: a verify of the same
+    model in another thread queues instead of meeting the level's ropes."""
+    mode = dict(mode="tree", **shape)
+    model = helpers.own_llama()
+    context, root = helpers.prompt(10, seed=4), 7
+    want_tree = drafted(make_drafter(**mode), model, context, root)
+    want_verify, want_next = reference(model, context)
+    held = HeldInInjection(model.model.layers[0])
+    model.model.layers[0].mlp = held
+    result = {}
+
+    def draft():
+        try:
+            result["tree"] = drafted(make_drafter(**mode), model, context, root)
+        except BaseException as e:  # reported by the test
+            result["error"] = e
+
+    a = threading.Thread(target=draft, daemon=True)
+    b = Verifier(adapter_for(model), prefilled(model, context))
+    a.start()
+    try:
+        assert held.inside.wait(WAIT), result.get("error")
+        b.start()
+        deadline = time.monotonic() + WAIT
+        while guard.TURN.waiting() == 0 and b.is_alive():
+            assert time.monotonic() < deadline, "the verify never queued"
+            time.sleep(0.001)
+        assert b.error is None, repr(b.error)  # queued, not refused or run
+    finally:
+        held.release.set()
+        a.join(WAIT)
+        b.join(WAIT)
+    assert "error" not in result, repr(result.get("error"))
+    assert result["tree"].tokens == want_tree.tokens
+    assert result["tree"].parents == want_tree.parents
+    assert b.error is None, repr(b.error)
+    assert mx.array_equal(b.logits, want_verify).item()
+    assert mx.array_equal(plain(model, b.cache, [7]), want_next).item()

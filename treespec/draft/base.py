@@ -17,6 +17,7 @@ recurrent) is put back to the round's start and fed the accepted tokens in
 one forward, one small draft forward per round.
 """
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import List, Optional, Protocol, Sequence
 
@@ -27,6 +28,7 @@ from ..models import PREFILL_STEP, prefill
 from ..options import KVOptions
 from ..tree import DraftTree
 from ..verify import adapter_for
+from ..verify.guard import TURN, restored_on_error
 
 
 class Round(Protocol):
@@ -253,6 +255,30 @@ class Drafter:
             mx.eval(logprobs)
         for row, node in enumerate(fed_nodes):
             self._logits[node] = logprobs[row]
+
+    def _inject_level(self, part: DraftTree, start: int, tokens: mx.array,
+                      owners: list) -> mx.array:
+        """The logits of the fed tree's nodes ``start..`` (``tokens``, maybe
+        lazy), fed on a growing cache that holds nodes ``0..start-1``: one
+        forward through the adapter's tree injection (masks, per-node
+        positions), what ``adapter.verify(part, cache, start=start)`` runs
+        on such a cache, without the bookkeeping a drafter never reads
+        (the snapshot for the adapter's commit: a draft commit is a trim).
+        ``owners``: what ``adapter.check`` returned for this round's caches,
+        checked once per round (nothing else writes them between levels)."""
+        with self.level_turn(), self.adapter.injection(self.cache, part, owners, start) as probe:
+            logits = self.model(tokens[None], cache=self.cache)[0]
+            probe()
+        return logits
+
+    @contextmanager
+    def level_turn(self):
+        """What a tree verify holds (treespec.verify.guard), held by a
+        drafting level that injects without ``adapter.verify``: the
+        process's turn (another verify of this model would meet the swapped
+        ropes) and the draft caches, put back if the forward raises."""
+        with TURN, restored_on_error(self.cache):
+            yield
 
     def _top_needed(self) -> int:
         """How many top children per expanded node to fetch with its

@@ -257,8 +257,9 @@ class ConfidenceDrafter(_TopKTree):
         # positions=[]: this path runs only where the adapter feeds trees in
         # parts, i.e. where no module receives per-position values (the walk
         # for them would find none, once per depth)
-        with injected(self.model, self.cache, depths, mask_fn, self.adapter.family.rope_attr,
-                      owners, positions=[]) as probe:
+        with self.level_turn(), injected(self.model, self.cache, depths, mask_fn,
+                                         self.adapter.family.rope_attr, owners,
+                                         positions=[]) as probe:
             logits = self.model(tokens[None], cache=self.cache)[0]
             probe()
         return logits

@@ -64,8 +64,19 @@ class _Plan:
         where = [self.fed[shape[i]] * kmax + self.rank[i] for i in range(1, n)]
         self.where = {i: w for i, w in zip(range(1, n), where)}
         self.gather_all = mx.array(where, dtype=mx.int32) if where else None
-        self.gather_level = [mx.array([self.where[i] for i in expand], dtype=mx.int32)
-                             if expand else None for _, expand, _, _ in self.levels]
+        # A level's tokens, gathered from the previous level's rows alone: a
+        # node's parent sits one depth up, and each level's fed nodes are
+        # contiguous in the fed order (the root's row is level 0's), so the
+        # device never concatenates the rows of every level per level.
+        self.gather_level, first = [], 0
+        for _, expand, _, start in self.levels:
+            if not expand:
+                self.gather_level.append(None)
+                continue
+            self.gather_level.append(mx.array(
+                [(self.fed[shape[i]] - first) * kmax + self.rank[i] for i in expand],
+                dtype=mx.int32))
+            first = start
 
 
 class FixedTreeDrafter(_TopKTree):
@@ -139,21 +150,26 @@ class FixedTreeDrafter(_TopKTree):
         offset = self._round_offset
         kmax = self._kmax
         logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
-        flat = self._device_top(logits).reshape(-1)  # the fed nodes' top-k ids, row by row
-        mx.async_eval(flat)
-        fed_tokens = mx.array([root], dtype=flat.dtype)
-        forwards = 1
+        level_top = self._device_top(logits)  # the fed nodes' top-k ids, row by row
+        mx.async_eval(level_top)
+        tops = [level_top]
+        fed_tokens = mx.array([root], dtype=level_top.dtype)
+        forwards, owners = 1, None
         for (_, expand, part, start), gather in zip(plan.levels, plan.gather_level):
             if not expand:
                 continue
             forwards += 1
-            tokens = mx.take(flat, gather)
+            tokens = mx.take(level_top.reshape(-1), gather)
             if not self.compacting:
                 fed_tokens = mx.concatenate([fed_tokens, tokens])
-            if self.compacting:
-                logits = self.adapter.verify(part, self.cache, start=start, tokens=tokens)
-            elif part.is_linear():  # still a chain: plain decoding continues it
+            if part.is_linear():
+                # Still a chain (a spine's fed nodes): one new token, exactly
+                # the chain drafter's step, for every cache mode.
                 logits = self.model(tokens[None], cache=self.cache)[0]
+            elif self.compacting:
+                if owners is None:  # the round's first wide level: checked once
+                    owners = self.adapter.check(part, self.cache, start)
+                logits = self._inject_level(part, start, tokens, owners)
             else:
                 self._restore()
                 logits = self.adapter.verify(part, self.cache, tokens=fed_tokens)[start:]
@@ -161,8 +177,8 @@ class FixedTreeDrafter(_TopKTree):
             # Started now, as the chain starts each draft: the device runs
             # this level while the host builds the next one.
             mx.async_eval(level_top)
-            flat = mx.concatenate([flat, level_top.reshape(-1)])
-        drafts = mx.take(flat, plan.gather_all)
+            tops.append(level_top)
+        drafts = mx.take(mx.concatenate(tops).reshape(-1), plan.gather_all)
         return DeviceRound(root, plan.topology, drafts, plan.fed, offset, forwards=forwards)
 
     def _device_top(self, logits: mx.array) -> mx.array:
