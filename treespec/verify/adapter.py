@@ -31,7 +31,7 @@ import mlx.nn as nn
 
 from .. import caches, rollback
 from ..errors import TreeRefused
-from ..mixers import Discovery, discover
+from ..mixers import Discovery, discover, slots
 from ..models import model_type, vocab_size
 from ..tree import DraftTree
 from .attention import rope_owners, rope_refusal, tree_injected
@@ -84,11 +84,12 @@ class TreeAdapter:
         # The modules receiving per-position values, found once (the ropes
         # are found again whenever the module tree changed: one may be
         # swapped after the adapter is made).
-        self._positions = position_inputs(model) if family.positions else []
+        walked = slots(model)  # one walk for both readers below
+        self._positions = position_inputs(model, walked) if family.positions else []
         # Attentions whose one-token step is a code path of its own: every
         # verify of 2+ nodes, chains too, runs their nodes as one-token steps
         # (treespec.verify.per_node).
-        self._one_token = one_token_attentions(model)
+        self._one_token = one_token_attentions(model, walked)
         self._last: Optional[_Verified] = None
         self._vocab: Optional[int] = None
         # The rope owners of the last walk, valid while the module tree is

@@ -140,6 +140,9 @@ class TreeRoPE(StandIn):
         # as plain attributes (not parameters), both skipping the lookups
         # that setattr makes first.
         self["inner"] = rope
+        # and as a plain attribute: every call reads it, past nn.Module's
+        # __getattr__ (a dict miss first) and the stand-in's
+        object.__setattr__(self, "_inner", rope)
         object.__setattr__(self, "_depths", depths)
         # offset -> positions, shared by every rope of one forward (each
         # layer's queries and keys take the same int offset)
@@ -148,15 +151,17 @@ class TreeRoPE(StandIn):
         object.__setattr__(self, "_thread", threading.get_ident())
 
     def __call__(self, x, offset=0, **kwargs):
+        inner = self._inner
         if threading.get_ident() != self._thread:
-            return self.inner(x, offset=offset, **kwargs)
+            return inner(x, offset=offset, **kwargs)
         object.__setattr__(self, "_calls", self._calls + 1)
         if type(offset) is int and x.shape[0] == 1:
             pos = self._positions.get(offset)
             if pos is None:
                 pos = self._positions[offset] = self._depths + offset
-            return rope_at(self.inner, x, pos, **kwargs)
-        return rope_by_node(self.inner, x, offset, self._depths, **kwargs)
+            # one batch row: the tokens onto the batch axis and back (rope_at)
+            return inner(x.swapaxes(0, 2), offset=pos, **kwargs).swapaxes(0, 2)
+        return rope_by_node(inner, x, offset, self._depths, **kwargs)
 
 
 def rope_owners(model: nn.Module, attr: str = "rope", skip: frozenset = frozenset()) -> list:

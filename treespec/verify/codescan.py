@@ -131,10 +131,14 @@ def positional_code(model: nn.Module, skip: Optional[Set[int]] = None) -> List[F
     itself: ``(module.qualname, file:line, what)``, in model order. ``skip``:
     ids of modules whose whole subtree is not read (ropes, mixers)."""
     skip = skip or set()
-    classes, skipped = [], set()
+    classes, inside = [], None
+    # ``slots`` lists in model order, each module right before its subtree:
+    # a path under the last skipped module's is in its subtree.
     for path, _, _, module in [("", None, None, model)] + slots(model):
-        if id(module) in skip or any(path.startswith(p + ".") for p in skipped):
-            skipped.add(path)
+        if inside is not None and path.startswith(inside):
+            continue
+        if id(module) in skip:
+            inside = path + "."
             continue
         if type(module) not in classes:
             classes.append(type(module))

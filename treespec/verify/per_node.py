@@ -28,7 +28,7 @@ arithmetic.
 
 import inspect
 import threading
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -42,15 +42,17 @@ __all__ = ["NodeRows", "NodeSteps", "one_token_attentions"]
 _LATENT = (MultiLinear, QuantizedMultiLinear)
 
 
-def one_token_attentions(model: nn.Module) -> List[Tuple[str, object, object, nn.Module]]:
+def one_token_attentions(model: nn.Module,
+                         walked: Optional[list] = None) -> List[Tuple[str, object, object, nn.Module]]:
     """``(path, container, key, module)`` of every multi-head latent
     attention of ``model`` (a module with a ``MultiLinear`` child, which
     absorbs the key projection on its one-token path), in model order, but
     those that select their keys (deepseek_v32's ``indexer``: its top-k
     would rank the tree's non-ancestors too, and gather the keys in another
     order than a step does). Those keep the multi-token path (README,
-    "Families")."""
-    return [(path, container, key, m) for path, container, key, m in slots(model)
+    "Families"). ``walked``: ``slots(model)`` if the caller has it."""
+    return [(path, container, key, m) for path, container, key, m in
+            (slots(model) if walked is None else walked)
             if "indexer" not in m and any(isinstance(v, _LATENT) for v in m.values())]
 
 

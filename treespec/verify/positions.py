@@ -25,7 +25,7 @@ among the fed positions.
 """
 
 import inspect
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -58,11 +58,13 @@ def _key(obj) -> Tuple[str, str]:
     return type(obj).__module__, type(obj).__qualname__
 
 
-def position_inputs(model: nn.Module) -> List[tuple]:
+def position_inputs(model: nn.Module, walked: Optional[list] = None) -> List[tuple]:
     """``(path, container, key, module, argument, axis)`` of every module
-    that receives per-position values (``argument`` None: the first one)."""
+    that receives per-position values (``argument`` None: the first one).
+    ``walked``: ``slots(model)`` if the caller has it (one walk, not one
+    per reader)."""
     out = []
-    for path, container, key, module in slots(model):
+    for path, container, key, module in slots(model) if walked is None else walked:
         if container is None:
             continue
         if _key(module) in RECEIVERS:

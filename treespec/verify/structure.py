@@ -84,8 +84,14 @@ def structure(model: nn.Module) -> Tuple[Family, Discovery, Optional[str]]:
     found = discover(model) if recurrent else Discovery()
     why = why or found.refusal
     skip = frozenset(id(m.module) for m in found.mixers)
-    attr = next((a for a in ROPE_ATTRS if rope_owners(model, a, skip)), ROPE_ATTRS[0])
-    owners = rope_owners(model, attr, skip)
+    # the first attribute name some module holds a rope under (one walk
+    # per name tried, the common one first)
+    attr, owners = ROPE_ATTRS[0], []
+    for a in ROPE_ATTRS:
+        owners = rope_owners(model, a, skip)
+        if owners:
+            attr = a
+            break
     if why is None:
         for name, owner in owners:
             bad = rope_refusal(owner[attr])
