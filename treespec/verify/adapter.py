@@ -24,7 +24,7 @@ layers' inputs and per-node states).
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -55,6 +55,19 @@ class _Verified:
     snapshot: rollback.Snapshot  # references to the pre-verify state
     captures: Optional[rollback.Captures]  # recurrent inputs and kept states
     written: Optional[dict] = None  # cache id -> what its one update wrote (rows.Written)
+
+
+class _Census(NamedTuple):
+    """What one pass of :meth:`TreeAdapter._checked` over a cache list found."""
+
+    owners: list  # the rope owners checked (none without per-node positions)
+    attention: list  # (cache, mode) of every attention cache, CacheList entries included
+    offset: Optional[int]  # the attention caches' common offset (None: none)
+    recurrent: bool  # whether some cache holds a recurrent state
+
+
+def _at(where: tuple) -> str:
+    return f"layer {where[0]}" + "".join(f", CacheList entry {j}" for j in where[1:])
 
 
 class TreeAdapter:
@@ -149,34 +162,39 @@ class TreeAdapter:
         nodes ``start..``, see :meth:`verify`). Reads only: nothing is
         written. Returns the rope owners it checked (none when ``ropes`` is
         False: a plain forward, which gives no per-node positions)."""
+        return self._checked(tree, cache, start, ropes).owners
+
+    def _checked(self, tree: DraftTree, cache: Sequence, start: int, ropes: bool) -> "_Census":
+        """:meth:`check`, returning what its one pass over the caches found
+        (the verify reads it instead of walking the caches again)."""
         if not isinstance(tree, DraftTree):
             raise TypeError(f"expected a DraftTree, got {type(tree).__name__}")
         if not (isinstance(start, int) and 0 <= start < len(tree)):
             raise ValueError(f"start must be a node of the tree (0..{len(tree) - 1}), got {start!r}")
-        attention, recurrent = [], []
+        attention, recurrent = [], []  # (cache, its mode)
         for where, c in caches.leaves(cache):
             mode = caches.mode_of(c)
-            at = f"layer {where[0]}" + "".join(f", CacheList entry {j}" for j in where[1:])
             if mode.attention:
                 why = mode.verify_refusal(c)
                 if why:
-                    self._refuse(f"{at}: {why}")
-                attention.append(c)
+                    self._refuse(f"{_at(where)}: {why}")
+                attention.append((c, mode))
             elif mode.recurrent and self.recurrent is not None:
-                recurrent.append(c)
+                recurrent.append((c, mode))
             else:
                 what = ("this adapter has no recurrent strategy" if mode.recurrent
                         else "no tree mask or exact rollback is known for it")
-                self._refuse(f"{at}: cache {type(c).__name__} cannot verify a tree ({what})")
+                self._refuse(f"{_at(where)}: cache {type(c).__name__} cannot verify a tree "
+                             f"({what})")
         # A cache no forward ever wrote belongs to a layer that never attends.
-        written = [c for c in attention if caches.written(c)]
-        offsets = sorted({c.offset for c in written or attention})
+        written = [c for c, mode in attention if mode.written(c)]
+        offsets = sorted({c.offset for c in written or [c for c, _ in attention]})
         if len(offsets) > 1:
             self._refuse(f"attention caches disagree on their offset: {offsets}")
         if start:
             if offsets and offsets[0] < start:
                 self._refuse(f"start {start} but the caches hold only {offsets[0]} tokens")
-            whole = [c for c in attention if caches.mode_of(c).whole_trees_only]
+            whole = [c for c, mode in attention if mode.whole_trees_only]
             if whole:
                 # A second update of a ring re-trims it by flattened order (a
                 # needed ancestor can fall out), and rollback cannot commit
@@ -197,15 +215,15 @@ class TreeAdapter:
                 self._refuse(f"a tree fed in parts (start={start}) through per-position "
                              "values the model computes itself; feed it whole")
         owners = self.check_model() if ropes else []
-        for c in recurrent:
-            why = caches.mode_of(c).verify_refusal(c)
+        for c, mode in recurrent:
+            why = mode.verify_refusal(c)
             if why:
                 self._refuse(why)
         if recurrent:
             why = self.recurrent.refusal(self.model, cache, tree)
             if why:
                 self._refuse(why)
-        return owners
+        return _Census(owners, attention, offsets[0] if offsets else None, bool(recurrent))
 
     @taking_turns
     def verify(self, tree: DraftTree, cache: Sequence, start: int = 0,
@@ -256,15 +274,15 @@ class TreeAdapter:
         inject = bool(inject) and len(tree) > 1
         # Only an injected forward needs every rope to take per-node
         # positions, so only it walks the modules for them.
-        owners = self.check(tree, cache, start, ropes=inject)
+        census = self._checked(tree, cache, start, inject)
+        owners = census.owners
         # Caches a verify of 2+ nodes writes in a layout of its own (a
         # sliding-window ring laid out as classic one-token steps see it),
         # chains included.
-        plans = self._plans(cache, tree) if len(tree) > 1 else {}
-        offset = caches.offset(caches.attention_caches(cache))
-        offset = None if offset is None else offset - start
+        plans = self._plans(census.attention, tree) if len(tree) > 1 else {}
+        offset = None if census.offset is None else census.offset - start
         snap = rollback.snapshot(cache)  # references only
-        has_recurrent = any(caches.mode_of(c).recurrent for _, c in caches.leaves(cache))
+        has_recurrent = census.recurrent
         captures = None
         if tokens is None:
             tokens = mx.array(tree.tokens[start:], dtype=mx.int32)
@@ -306,13 +324,14 @@ class TreeAdapter:
         self._last = _Verified(cache, offset, tree, snap, captures, written)
         return logits[0]
 
-    def _plans(self, cache: Sequence, tree: DraftTree) -> dict:
+    def _plans(self, attention: Sequence, tree: DraftTree) -> dict:
         """cache id -> its mode's verify plan (treespec.caches), for the
-        attention caches that have one. A model builds one mask per kind of
-        layer from one cache, so every plan must lay out the same keys."""
+        attention caches (``(cache, mode)``, as :meth:`_checked` found them)
+        that have one. A model builds one mask per kind of layer from one
+        cache, so every plan must lay out the same keys."""
         plans = {}
-        for c in caches.attention_caches(cache):
-            plan = caches.mode_of(c).verify_plan(c, tree)
+        for c, mode in attention:
+            plan = mode.verify_plan(c, tree)
             if plan is not None:
                 plans[id(c)] = plan
         keys = {p.key() for p in plans.values()}
