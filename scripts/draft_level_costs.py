@@ -6,8 +6,9 @@ scaled pair's drafter (or the trained pair's).
 
 A chain level is one plain forward over one token and an argmax; a level of
 [2,1,1,1] is a forward over two tokens through the tree injection (mask
-array, per-node RoPE: ``TreeAdapter.verify`` with ``start``) and the top-k
-of each row. Every item is one step ended by an evaluation, timed
+array, per-node RoPE), through ``TreeAdapter.verify`` with ``start`` or
+through the drafter's own ``Drafter.inject_level`` (the injection alone, what
+a fixed tree's device round runs), and the top-k of each row. Every item is one step ended by an evaluation, timed
 ``--calls`` times (median) within a repeat; items interleaved, the order
 rotated every repeat; ratios are medians of per-repeat ratios:
 
@@ -16,7 +17,7 @@ rotated every repeat; ratios are medians of per-repeat ratios:
   partition of the vocabulary then a sort of the k (``top_ids`` before),
   each after ``logprobs_of``;
 - the draft forward of a level: one token (a chain's), two tokens as a
-  plain causal forward, two tokens as a tree level through the injection;
+  plain causal forward, two tokens as a tree level (verify, drafter);
 - host graph building alone of the last two (evaluated untimed after).
 """
 
@@ -29,7 +30,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from treespec import scaled
-from treespec.draft.base import logprobs_of, top_ids
+from treespec.draft.base import Drafter, logprobs_of, top_ids
 from treespec.timing import interleaved, ratio
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
@@ -83,16 +84,26 @@ def main():
             trim_prompt_cache(cache, T)
         return step
 
+    # The drafter's own path for such a level (FixedTreeDrafter's device
+    # rounds): the injection alone, checked once per round (untimed here).
+    drafter = Drafter()
+    drafter.model, drafter.adapter, drafter.cache = draft, adapter, cache
+    level_tokens = mx.arange(2)
+
     def level(injected, build_only=False):
         """Level 2 fed on top of the root and level 1 (fed untimed): two
-        tokens through the injection or as a plain causal forward; the
-        forward evaluated, or its host graph building alone."""
+        tokens through ``TreeAdapter.verify`` ("verify"), the drafter's
+        ``inject_level`` ("drafter"), or as a plain causal forward (False);
+        the forward evaluated, or its host graph building alone."""
         def step():
             draft(mx.arange(3)[None], cache=cache)
             mx.eval([c.state for c in cache])
+            owners = adapter.check(level_tree, cache, 3) if injected == "drafter" else None
             t0 = time.perf_counter()
-            out = (adapter.verify(level_tree, cache, start=3) if injected
-                   else draft(mx.arange(2)[None], cache=cache))
+            out = (adapter.verify(level_tree, cache, start=3) if injected == "verify"
+                   else drafter.inject_level(level_tree, 3, level_tokens, owners)
+                   if injected == "drafter"
+                   else draft(level_tokens[None], cache=cache))
             if not build_only:
                 mx.eval(out)
             dt = time.perf_counter() - t0
@@ -103,14 +114,18 @@ def main():
 
     items["draft forward, 1 token (a chain level)"] = plain(1)
     items["draft forward, 2 tokens, plain causal"] = plain(2)
-    items["draft forward, 2 tokens as a tree level (injected)"] = level(True)
+    items["draft forward, 2 tokens as a tree level (verify)"] = level("verify")
+    items["draft forward, 2 tokens as a tree level (drafter)"] = level("drafter")
     items["host graph building, 2 tokens, plain causal"] = level(False, build_only=True)
-    items["host graph building, 2 tokens as a tree level"] = level(True, build_only=True)
+    items["host graph building, 2 tokens as a tree level (verify)"] = level("verify", True)
+    items["host graph building, 2 tokens as a tree level (drafter)"] = level("drafter", True)
     for n in ("draft forward, 2 tokens, plain causal",
-              "draft forward, 2 tokens as a tree level (injected)"):
+              "draft forward, 2 tokens as a tree level (verify)",
+              "draft forward, 2 tokens as a tree level (drafter)"):
         refs[n] = "draft forward, 1 token (a chain level)"
-    refs["host graph building, 2 tokens as a tree level"] = \
-        "host graph building, 2 tokens, plain causal"
+    for n in ("host graph building, 2 tokens as a tree level (verify)",
+              "host graph building, 2 tokens as a tree level (drafter)"):
+        refs[n] = "host graph building, 2 tokens, plain causal"
 
     times = interleaved(items, args.repeats, args.calls)
     names = list(times)

@@ -256,7 +256,7 @@ class Drafter:
         for row, node in enumerate(fed_nodes):
             self._logits[node] = logprobs[row]
 
-    def _inject_level(self, part: DraftTree, start: int, tokens: mx.array,
+    def inject_level(self, part: DraftTree, start: int, tokens: mx.array,
                       owners: list) -> mx.array:
         """The logits of the fed tree's nodes ``start..`` (``tokens``, maybe
         lazy), fed on a growing cache that holds nodes ``0..start-1``: one

@@ -169,7 +169,7 @@ class FixedTreeDrafter(_TopKTree):
             elif self.compacting:
                 if owners is None:  # the round's first wide level: checked once
                     owners = self.adapter.check(part, self.cache, start)
-                logits = self._inject_level(part, start, tokens, owners)
+                logits = self.inject_level(part, start, tokens, owners)
             else:
                 self._restore()
                 logits = self.adapter.verify(part, self.cache, tokens=fed_tokens)[start:]
