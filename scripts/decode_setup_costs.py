@@ -9,7 +9,9 @@ a forward's host work dominates; ``treespec.decode`` in chain mode, block 3,
 ``--tokens`` tokens, gate off. Two variants interleaved per repeat (5 calls
 each, median): "fresh", the width kept on the models removed before every
 call (what every decode paid before it was kept), and "kept". Prints both
-medians and the median of per-repeat differences.
+medians and the median of per-repeat differences; then what building the
+adapters of a call costs (``adapter_for`` of each model, ``structure`` of the
+target), medians of 60 calls.
 """
 
 import argparse
@@ -20,6 +22,8 @@ from treespec.costcurve import build_llama
 from treespec.decode import decode
 from treespec.flags import parse_dims
 from treespec.models import _VOCAB
+from treespec.verify import adapter_for
+from treespec.verify.structure import structure
 
 
 def main():
@@ -54,6 +58,16 @@ def main():
           f"  width read every call {statistics.median(fresh):8.2f} ms\n"
           f"  width kept per model  {statistics.median(kept):8.2f} ms\n"
           f"  difference (median of per-repeat differences) {diff:.2f} ms a decode call")
+    # The two adapters every decode call builds: the target's costs most.
+    for name, step in (("adapter_for(target)", lambda: adapter_for(target)),
+                       ("structure(target)", lambda: structure(target)),
+                       ("adapter_for(drafter)", lambda: adapter_for(draft))):
+        times = []
+        for _ in range(60):
+            t0 = time.perf_counter()
+            step()
+            times.append(1e3 * (time.perf_counter() - t0))
+        print(f"  {name:22} {statistics.median(times):6.2f} ms (median of 60 calls)")
 
 
 if __name__ == "__main__":

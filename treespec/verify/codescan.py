@@ -126,15 +126,18 @@ def _scan(fn, seen: Set[int], found: List[Finding]) -> None:
             _scan(callee, seen, found)
 
 
-def positional_code(model: nn.Module, skip: Optional[Set[int]] = None) -> List[Finding]:
+def positional_code(model: nn.Module, skip: Optional[Set[int]] = None,
+                    walked: Optional[list] = None) -> List[Finding]:
     """Every function a forward of ``model`` can run that computes positions
     itself: ``(module.qualname, file:line, what)``, in model order. ``skip``:
-    ids of modules whose whole subtree is not read (ropes, mixers)."""
+    ids of modules whose whole subtree is not read (ropes, mixers).
+    ``walked``: ``slots(model)`` if the caller has it."""
     skip = skip or set()
     classes, inside = [], None
     # ``slots`` lists in model order, each module right before its subtree:
     # a path under the last skipped module's is in its subtree.
-    for path, _, _, module in [("", None, None, model)] + slots(model):
+    walked = slots(model) if walked is None else walked
+    for path, _, _, module in [("", None, None, model)] + walked:
         if inside is not None and path.startswith(inside):
             continue
         if id(module) in skip:

@@ -28,7 +28,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..caches import leaves, mode_of
-from ..mixers import Discovery, discover
+from ..mixers import Discovery, discover, slots
 from .attention import ROPE_ATTRS, rope_owners, rope_refusal
 from .audited import record_note
 from .codescan import positional_code
@@ -98,10 +98,11 @@ def structure(model: nn.Module) -> Tuple[Family, Discovery, Optional[str]]:
             if bad:
                 why = f"{name}.{attr}: {bad}"
                 break
-    positions = position_inputs(model)
+    walked = slots(model)  # one walk for the two readers below
+    positions = position_inputs(model, walked)
     if why is None:
         ropes = {id(owner[attr]) for _, owner in owners}
-        findings = positional_code(model, skip | ropes)
+        findings = positional_code(model, skip | ropes, walked)
         if positions:
             findings = [f for f in findings if not _handled(f[0])]
         if findings:
