@@ -257,7 +257,7 @@ class Drafter:
             self._logits[node] = logprobs[row]
 
     def inject_level(self, part: DraftTree, start: int, tokens: mx.array,
-                      owners: list) -> mx.array:
+                     owners: list) -> mx.array:
         """The logits of the fed tree's nodes ``start..`` (``tokens``, maybe
         lazy), fed on a growing cache that holds nodes ``0..start-1``: one
         forward through the adapter's tree injection (masks, per-node

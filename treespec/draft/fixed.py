@@ -10,7 +10,7 @@ one draft forward per depth (its internal nodes at that depth in one batch).
 """
 
 from collections import Counter
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import mlx.core as mx
 
@@ -142,13 +142,13 @@ class FixedTreeDrafter(_TopKTree):
         """The same tree as ``_grow``, with no host round trip: one draft
         forward per level, on the lazy tokens of that level's internal nodes,
         gathered in one op from the fed nodes' device top-k. A growing cache
-        continues the fed tree (tree-injected, or a plain forward while the
-        fed nodes form a chain, as a spine's do); a cache that must take a
+        continues the fed tree (a plain one-token forward while the fed
+        nodes form a chain, as a spine's do; else the tree injection alone,
+        ``Drafter.inject_level``); a cache that must take a
         tree whole (sliding window, recurrent) is put back to the round's
         start and fed the fed tree so far again, still one forward a level."""
         lead = self._start_round()
         offset = self._round_offset
-        kmax = self._kmax
         logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
         level_top = self._device_top(logits)  # the fed nodes' top-k ids, row by row
         mx.async_eval(level_top)
