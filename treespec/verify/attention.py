@@ -159,8 +159,7 @@ class TreeRoPE(StandIn):
             pos = self._positions.get(offset)
             if pos is None:
                 pos = self._positions[offset] = self._depths + offset
-            # one batch row: the tokens onto the batch axis and back (rope_at)
-            return inner(x.swapaxes(0, 2), offset=pos, **kwargs).swapaxes(0, 2)
+            return rope_at(inner, x, pos, **kwargs)
         return rope_by_node(inner, x, offset, self._depths, **kwargs)
 
 
