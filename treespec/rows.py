@@ -45,7 +45,15 @@ class Tail:
             depths[i] = depths[self.parents[i]] + 1
         self.depths = depths
         # Rows before the first off-path node already sit in their slot.
-        self.first_moved = next((i for i, p in enumerate(path.tolist()) if p != i), self.k)
+        nodes = path.tolist()
+        self.first_moved = next((i for i, p in enumerate(nodes) if p != i), self.k)
+        # The moved nodes as one slice of the verified block when they are
+        # consecutive there: in first-choice order (treespec.tree) a branch
+        # that follows first choices below where it left the first-choice path
+        # is, and a slice reads them with no gather.
+        moved = nodes[self.first_moved:]
+        self.run = (slice(moved[0], moved[-1] + 1)
+                    if moved and moved == list(range(moved[0], moved[-1] + 1)) else None)
 
     def index(self, start: int) -> mx.array:
         """The rows ``start + path[first_moved:]``, one device array per start
@@ -62,13 +70,19 @@ def _arrays(x) -> list:
     return list(x) if isinstance(x, (tuple, list)) else [x]
 
 
-def gather_rows(x, start: int, tail: Tail) -> list:
+def gather_rows(x, start: int, tail: Tail, view: bool = False) -> list:
     """The rows ``start + path[i]`` (from the first off-path node on) of one
     array or a quantized (packed, scales, biases) triple, still lazy: the rows
     :func:`place_rows` will write. Reading only those keeps a commit O(k) rows
-    whatever the context length."""
+    whatever the context length. ``view``: ``x`` is not the array the rows
+    are written to, so consecutive rows may be read as a slice of it (no
+    gather; a slice of the destination's own buffer would keep that buffer
+    from being written in place)."""
     if tail.first_moved == tail.k:
         return []
+    if view and tail.run is not None:
+        rows = slice(start + tail.run.start, start + tail.run.stop)
+        return [a[..., rows, :] for a in _arrays(x)]
     idx = tail.index(start)
     return [mx.take(a, idx, axis=2) for a in _arrays(x)]
 
@@ -104,7 +118,8 @@ def move_keys_values(c, start: int, tail: Tail, owned: bool = True):
     evaluates them."""
     src = tail.written.get(id(c))
     if owned and src is not None and src.holds(c) and src.keys.shape[2] == tail.n:
-        rows, reads = (gather_rows(src.keys, 0, tail), gather_rows(src.values, 0, tail)), []
+        rows = gather_rows(src.keys, 0, tail, view=True), gather_rows(src.values, 0, tail, view=True)
+        reads = []
     else:
         rows = gather_rows(c.keys, start, tail), gather_rows(c.values, start, tail)
         reads = rows[0] + rows[1]

@@ -73,9 +73,12 @@ class _Plan:
             if not expand:
                 self.gather_level.append(None)
                 continue
-            self.gather_level.append(mx.array(
-                [(self.fed[shape[i]] - first) * kmax + self.rank[i] for i in expand],
-                dtype=mx.int32))
+            rows = [(self.fed[shape[i]] - first) * kmax + self.rank[i] for i in expand]
+            # Consecutive rows (a spine's one fed node, its first choice) are
+            # a slice: no gather on the device.
+            self.gather_level.append(
+                slice(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1))
+                else mx.array(rows, dtype=mx.int32))
             first = start
 
 
@@ -159,7 +162,8 @@ class FixedTreeDrafter(_TopKTree):
             if not expand:
                 continue
             forwards += 1
-            tokens = mx.take(level_top.reshape(-1), gather)
+            flat = level_top.reshape(-1)
+            tokens = flat[gather] if type(gather) is slice else mx.take(flat, gather)
             if not self.compacting:
                 fed_tokens = mx.concatenate([fed_tokens, tokens])
             if part.is_linear():
