@@ -105,8 +105,8 @@ def _rope_plus_one(mp):
 def _stale_gather(mp):
     real = rows.gather_rows
 
-    def stale(x, start, tail):
-        out = real(x, start, tail)
+    def stale(x, start, tail, **kwargs):
+        out = real(x, start, tail, **kwargs)
         if not out:
             return out
         # The last moved row is read from its destination slot: what the
