@@ -11,8 +11,9 @@ against the verify in the same pass:
 
 - ``adapter.commit`` of the first-choice path (a trim: no row moves) and of
   the branch, each after an untimed verify;
-- the same number of row moves done by hand on the caches' buffers, from a
-  separate source array per cache as the captured update input is:
+- the same number of row moves done by hand on the caches' buffers, each
+  right after an untimed verify as a commit is, from a separate source array
+  per cache as the captured update input is:
   a gather (``mx.take``) and a slice write per array, a slice and a slice
   write per array, the slice writes alone (rows already evaluated), the
   gathers alone.
@@ -87,8 +88,16 @@ def main():
     idx = mx.array(list(range(first, first + moved)), dtype=mx.int32)
     dst = slice(CONTEXT + 1, CONTEXT + 1 + moved)
 
+    def after_a_verify():
+        # As the commit does: the verify's forward has just run (its host
+        # objects out of the CPU's caches), and its adapter state is dropped.
+        mx.eval(adapter.verify(fixed, cache))
+        adapter.commit(cache, fixed, list(range(5)))  # the first-choice path: a trim
+        trim_prompt_cache(cache, 5)
+
     def by_hand(read, write=True):
         def step():
+            after_a_verify()
             t0 = _now()
             out = []
             for c, (sk, sv) in zip(cache, sources):
@@ -111,6 +120,7 @@ def main():
     mx.eval(rows)
 
     def writes_alone():
+        after_a_verify()
         t0 = _now()
         out = []
         for c, (rk, rv) in zip(cache, rows):

@@ -12,6 +12,9 @@ window in place of each full KVCache (keep 0, and mlx-lm's max_kv_size keep
 """
 
 
+import os
+import tempfile
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -192,3 +195,45 @@ def test_a_branch_commit_copies_no_cache_buffer(rows_from, monkeypatch):
     extra = max(mx.get_peak_memory() - before, 0)
     assert extra < cache[0].keys.nbytes // 4, (extra, cache[0].keys.nbytes)
     assert all(c.offset == context + len(path) for c in cache)
+
+
+def _primitives(arrays, name: str) -> int:
+    """How many ``name`` primitives the (lazy) graph of ``arrays`` holds."""
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *arrays)
+        with open(path) as f:
+            return f.read().count(f'label ="{name}"')
+    finally:
+        os.remove(path)
+
+
+# BUSH in node order: [0, 1, 4] moves node 4 alone (one slice per array);
+# [0, 2, 5, 6] moves 2, 5, 6, which are not consecutive rows (a gather each).
+@pytest.mark.parametrize("path, gathers", [([0, 1, 4], 0), ([0, 2, 5, 6], 1)])
+def test_a_branch_of_consecutive_nodes_moves_its_rows_without_a_gather(path, gathers):
+    """The rows a branch commit moves are read as one slice of what the
+    verify wrote when its moved nodes are consecutive in the verified block
+    (in first-choice order, every branch that leaves the first choices once),
+    else gathered: counted in the commit's lazy graph, and the committed
+    rows checked against the verify's own rows read off the buffer first."""
+    m = model("llama")
+    adapter = adapter_for(m)
+    cache = make_prompt_cache(m)
+    context = 20
+    m(mx.array([list(range(1, context + 1))]), cache=cache)
+    mx.eval([c.state for c in cache])
+    mx.eval(adapter.verify(BUSH, cache))
+    verified = [(np.array(c.keys[..., context:context + len(BUSH), :]),
+                 np.array(c.values[..., context:context + len(BUSH), :])) for c in cache]
+    adapter.commit(cache, BUSH, path)
+    written = [a for c in cache for a in (c.keys, c.values)]
+    assert _primitives(written, "Gather") == gathers * len(written)
+    mx.eval(written)
+    for c, (keys, values) in zip(cache, verified):
+        assert c.offset == context + len(path)
+        np.testing.assert_array_equal(np.array(c.keys[..., context:context + len(path), :]),
+                                      keys[..., path, :])
+        np.testing.assert_array_equal(np.array(c.values[..., context:context + len(path), :]),
+                                      values[..., path, :])
