@@ -20,11 +20,13 @@ Inputs, all measured in the calling process:
    - the time per round of drafting, verifying and the rest (walk, commit, loop).
 
 The prediction and the choice rules are ``treespec.auto_model`` (pure: no
-model, no clock). Then the run-off: every eligible candidate predicted within
-``runoff`` (default 0.9) of the choice, at most ``max_runoff``, is timed directly
-on the calibration prompts, interleaved, and the fastest measured one is chosen
-(a tree by half the margin): the model only ranks, the clock decides between close
-ones. ``reason`` gives the numbers.
+model, no clock). Then the run-off: the best eligible candidate of each other kind
+(classic, chain, tree) predicted within ``runoff_floor`` (default 0.8) of the
+choice, then every eligible one within ``runoff`` (default 0.9), at most
+``max_runoff`` in all, are timed directly on the calibration prompts,
+interleaved, and the fastest measured one is chosen (a tree by half the
+margin): the model only ranks, the clock decides between close ones and between
+the kinds. ``reason`` gives the numbers.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from typing import Callable, Optional, Sequence
 
 from . import gate
 from .auto_calibrate import CALIBRATION_PROMPTS, calibrate, measured_tok_s
-from .auto_model import Candidate, explain, monotone, per_depth, pick, pick_measured, predict
+from .auto_model import (Candidate, explain, monotone, per_depth, pick, pick_measured, predict,
+                         runoff_finalists)
 from .costcurve import verify_cost_curve
 from .draft import FixedTreeDrafter, fixed_shape, make_drafter
 
@@ -43,7 +46,8 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
            max_block: int = 8, max_tokens: int = 40, repeats: int = 3, width: int = 4,
            trees: Sequence[Sequence[int]] = (), allow_classic: bool = True,
            allow_inexact: bool = False, margin: float = 0.05, eos_token_ids=None,
-           decide: Optional[Callable] = None, runoff: float = 0.9, max_runoff: int = 4,
+           decide: Optional[Callable] = None, runoff: float = 0.9, runoff_floor: float = 0.8,
+           max_runoff: int = 4,
            log: Callable[[str], None] = lambda s: None,
            deadline: Optional[float] = None) -> dict:
     """Measure, predict, gate, choose. Returns
@@ -96,12 +100,13 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
 
     choice, ranked = pick(cands, margin, eligible, allow_classic)
     # The run-off: the model interpolates (chains between the two measured
-    # blocks, trees from one budget), so every eligible candidate predicted
-    # within ``runoff`` of the choice is timed directly, interleaved, and the
-    # fastest measured wins (a tree by ``margin / 2`` over the rest: its
-    # figures are now measured too, only noisier).
-    finalists = [c for c in ranked if c.tok_s >= runoff * choice.tok_s
-                 and (c is choice or c.kind == "classic" or eligible(c)[0])][:max_runoff]
+    # blocks, trees from one budget), so the best eligible candidate of each
+    # other kind within ``runoff_floor`` of the choice, and every eligible one
+    # within ``runoff``, are timed directly, interleaved, and the fastest
+    # measured wins (a tree by ``margin / 2`` over the rest: its figures are
+    # now measured too, only noisier).
+    finalists = runoff_finalists(ranked, choice, lambda c: c.kind == "classic" or eligible(c)[0],
+                                 runoff, runoff_floor, max_runoff)
     runoff_rows = []
     if len(finalists) > 1:
         t0 = time.perf_counter()

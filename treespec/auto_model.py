@@ -282,6 +282,39 @@ def pick(cands: Sequence[Candidate], margin: float = 0.05,
                        + "; ".join(f"{c.name}: {c.why}" for c in ranked if c.why))
 
 
+def _group(c: Candidate) -> str:
+    return "tree" if c.kind in ("fixed", "confidence") else c.kind
+
+
+def runoff_finalists(ranked: Sequence[Candidate], choice: Candidate,
+              eligible: Callable[[Candidate], bool], runoff: float = 0.9,
+              floor: float = 0.8, limit: int = 4) -> list:
+    """The candidates the run-off times, in this order: the ``choice``; the
+    best-predicted eligible candidate of each other group (classic, chains,
+    trees) predicted within ``floor`` of the choice; then the rest within
+    ``runoff`` of it, in ``ranked`` order; at most ``limit``. A prediction can
+    be off by more than the run-off's window (on a host whose pace drifts
+    between the calibration's runs: README, "auto on the H200"), so the best
+    of each group is measured rather than ruled out by its prediction alone.
+    ``eligible(c)`` (the exactness probe) is asked only of candidates
+    considered, in that order."""
+    out = [choice]
+
+    def take(c, window):
+        if len(out) < limit and all(c is not o for o in out) and c.tok_s >= window * choice.tok_s \
+                and eligible(c):
+            out.append(c)
+            return True
+        return False
+
+    for group in ("classic", "chain", "tree"):
+        if group != _group(choice):
+            next((c for c in ranked if _group(c) == group and take(c, floor)), None)
+    for c in ranked:
+        take(c, runoff)
+    return out
+
+
 def pick_measured(rows: Sequence[tuple], margin: float) -> Candidate:
     """The fastest of (candidate, measured tok/s) rows; a tree must beat the
     fastest non-tree row by ``margin``; ties to the simpler kind."""

@@ -24,6 +24,7 @@ from treespec.auto_model import (
     pick,
     pick_measured,
     predict,
+    runoff_finalists,
     tree_ranks,
 )
 
@@ -324,3 +325,48 @@ def test_a_candidate_spec_runs_the_candidate():
         assert {k: v for k, v in spec.items() if k != "kind"}.items() <= {
             "block": c.block, "branching": c.branching, "budget": c.budget,
             "width": c.width}.items()
+
+
+def _predicted(kind, tok_s, **kw):
+    """A candidate predicted at ``tok_s`` (one token per round of 1000/tok_s ms)."""
+    return Candidate(kind, emitted=1.0, verify_ms=1e3 / tok_s, **kw)
+
+
+def test_the_run_off_times_the_best_of_each_kind_even_outside_its_window():
+    """The H200 bench at df344df: calibrated on a fresh machine, the spine
+    was predicted at 0.82 of the best chain and left out of a run-off of
+    four chains and classic, then ran 1.09x the best chain. The best of
+    each other kind within the floor is timed before the rest of the
+    window fills the run-off."""
+    b3, b5 = _predicted("chain", 260, block=3), _predicted("chain", 255, block=5)
+    b4, b2 = _predicted("chain", 250, block=4), _predicted("chain", 240, block=2)
+    classic = _predicted("classic", 242)
+    spine = _predicted("fixed", 213, branching=(-1, 0, 0, 1, 1, 3, 3, 5, 5))
+    far = _predicted("confidence", 150, budget=4)
+    ranked = [b3, b5, b4, classic, b2, spine, far]
+    asked = []
+
+    def eligible(c):
+        asked.append(c)
+        return True
+
+    got = runoff_finalists(ranked, b3, eligible, runoff=0.9, floor=0.8, limit=4)
+    assert got == [b3, classic, spine, b5]
+    assert far not in asked  # below the floor: not probed
+    # Without the floor (the rule before): four of the window, no tree.
+    assert runoff_finalists(ranked, b3, eligible, runoff=0.9, floor=0.9, limit=4) == [
+        b3, classic, b5, b4]
+
+
+def test_the_run_off_skips_a_kind_whose_best_the_probe_declines_for_its_next_best():
+    b3 = _predicted("chain", 260, block=3)
+    declined = _predicted("fixed", 230, branching=(2, 1, 1))
+    spine = _predicted("fixed", 220, branching=(-1, 0, 0, 1, 1))
+    got = runoff_finalists([b3, declined, spine], b3, lambda c: c is not declined,
+                           runoff=0.9, floor=0.8, limit=4)
+    assert got == [b3, spine]
+    # A tree choice brings the best chain and classic within the floor.
+    classic = _predicted("classic", 190)
+    got = runoff_finalists([spine, b3, classic], spine, lambda c: True, runoff=0.99,
+                           floor=0.8, limit=3)
+    assert got == [spine, classic, b3]
