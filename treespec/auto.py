@@ -20,13 +20,13 @@ Inputs, all measured in the calling process:
    - the time per round of drafting, verifying and the rest (walk, commit, loop).
 
 The prediction and the choice rules are ``treespec.auto_model`` (pure: no
-model, no clock). Then the run-off: the best eligible candidate of each other kind
-(classic, chain, tree) predicted within ``runoff_floor`` (default 0.8) of the
-choice, then every eligible one within ``runoff`` (default 0.9), at most
-``max_runoff`` in all, are timed directly on the calibration prompts,
-interleaved, and the fastest measured one is chosen (a tree by half the
-margin): the model only ranks, the clock decides between close ones and between
-the kinds. ``reason`` gives the numbers.
+model, no clock). Then the run-off: every eligible candidate predicted within
+``runoff`` (default 0.9) of the choice, at most ``max_runoff``, and besides them
+the best eligible candidate of each kind (classic, chain, tree) they lack,
+predicted within ``runoff_floor`` (default 0.8), are timed directly on the
+calibration prompts, interleaved, and the fastest measured one is chosen (a
+tree by half the margin): the model only ranks, the clock decides between close
+ones and between the kinds. ``reason`` gives the numbers.
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
 
     choice, ranked = pick(cands, margin, eligible, allow_classic)
     # The run-off: the model interpolates (chains between the two measured
-    # blocks, trees from one budget), so the best eligible candidate of each
-    # other kind within ``runoff_floor`` of the choice, and every eligible one
-    # within ``runoff``, are timed directly, interleaved, and the fastest
+    # blocks, trees from one budget), so every eligible candidate within
+    # ``runoff`` of the choice, and the best of each kind they lack within
+    # ``runoff_floor``, are timed directly, interleaved, and the fastest
     # measured wins (a tree by ``margin / 2`` over the rest: its figures are
     # now measured too, only noisier).
     finalists = runoff_finalists(ranked, choice, lambda c: c.kind == "classic" or eligible(c)[0],

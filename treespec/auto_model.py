@@ -287,32 +287,32 @@ def _group(c: Candidate) -> str:
 
 
 def runoff_finalists(ranked: Sequence[Candidate], choice: Candidate,
-              eligible: Callable[[Candidate], bool], runoff: float = 0.9,
-              floor: float = 0.8, limit: int = 4) -> list:
-    """The candidates the run-off times, in this order: the ``choice``; the
-    best-predicted eligible candidate of each other group (classic, chains,
-    trees) predicted within ``floor`` of the choice; then the rest within
-    ``runoff`` of it, in ``ranked`` order; at most ``limit``. A prediction can
-    be off by more than the run-off's window (on a host whose pace drifts
-    between the calibration's runs: README, "auto on the H200"), so the best
-    of each group is measured rather than ruled out by its prediction alone.
-    ``eligible(c)`` (the exactness probe) is asked only of candidates
-    considered, in that order."""
-    out = [choice]
-
-    def take(c, window):
-        if len(out) < limit and all(c is not o for o in out) and c.tok_s >= window * choice.tok_s \
-                and eligible(c):
-            out.append(c)
-            return True
-        return False
-
-    for group in ("classic", "chain", "tree"):
-        if group != _group(choice):
-            next((c for c in ranked if _group(c) == group and take(c, floor)), None)
+                     eligible: Callable[[Candidate], bool], runoff: float = 0.9,
+                     floor: float = 0.8, limit: int = 4) -> list:
+    """The candidates the run-off times: the ``choice`` and the eligible
+    candidates predicted within ``runoff`` of it, in ``ranked`` order, at most
+    ``limit`` of these; and besides them, the best-predicted eligible
+    candidate of each group (classic, chains, trees) none of those belongs
+    to, if predicted within ``floor`` of the choice. A prediction can be off
+    by more than the run-off's window (on a host whose pace drifts between
+    the calibration's runs: README, "auto on the H200"), so the best of each
+    group is measured rather than ruled out by its prediction alone; it is
+    added, not put in place of a candidate of the window. ``eligible(c)``
+    (the exactness probe) is asked only of candidates considered."""
+    window = [choice]
     for c in ranked:
-        take(c, runoff)
-    return out
+        if len(window) < limit and c is not choice and c.tok_s >= runoff * choice.tok_s \
+                and eligible(c):
+            window.append(c)
+    groups = {_group(c) for c in window}
+    extra = []
+    for group in ("classic", "chain", "tree"):
+        if group not in groups:
+            best = next((c for c in ranked if _group(c) == group
+                         and c.tok_s >= floor * choice.tok_s and eligible(c)), None)
+            if best is not None:
+                extra.append(best)
+    return window + extra
 
 
 def pick_measured(rows: Sequence[tuple], margin: float) -> Candidate:
