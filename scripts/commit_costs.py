@@ -29,7 +29,7 @@ import statistics
 from time import perf_counter as _now
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import trim_prompt_cache
 
 from treespec import scaled
 from treespec.draft import make_drafter
@@ -46,12 +46,9 @@ def main():
     scaled.add_study_arguments(ap, repeats=9)
     args = ap.parse_args()
     target, _, what = scaled.study_pair(args)
-    print(f"{what}; mlx {mx.__version__}, {mx.default_device()}; load "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
+    scaled.announce(what)
     adapter = adapter_for(target)
-    cache = make_prompt_cache(target)
-    target(mx.arange(CONTEXT)[None], cache=cache)
-    mx.eval([c.state for c in cache])
+    cache = scaled.filled_cache(target, CONTEXT)
     fixed = DraftTree(list(range(9)), make_drafter("tree", branching=BRANCHING).shape)
     branch = [0, fixed.children(0)[1]]
     while fixed.children(branch[-1]):

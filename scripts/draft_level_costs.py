@@ -27,7 +27,7 @@ import statistics
 import time
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import trim_prompt_cache
 
 from treespec import scaled
 from treespec.draft.base import Drafter, logprobs_of, top_ids
@@ -51,13 +51,9 @@ def main():
     scaled.add_study_arguments(ap, repeats=7)
     args = ap.parse_args()
     _, draft, what = scaled.study_pair(args)
-    what += "; its drafter measured"
-    print(f"{what}; mlx {mx.__version__}, {mx.default_device()}; load {os.getloadavg()[0]:.2f}",
-          flush=True)
+    scaled.announce(what + "; its drafter measured")
     adapter = adapter_for(draft)
-    cache = make_prompt_cache(draft)
-    draft(mx.arange(CONTEXT)[None], cache=cache)
-    mx.eval([c.state for c in cache])
+    cache = scaled.filled_cache(draft, CONTEXT)
     # Level 2 of [2,1,1,1]: the root and its two children are in the cache
     # (fed by levels 0 and 1), the two grandchildren are fed now.
     level_tree = DraftTree([0, 1, 2, 3, 4], [-1, 0, 0, 1, 2])

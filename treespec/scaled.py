@@ -16,11 +16,13 @@ is, and the drafter costs what ``draft_layers`` layers and the head cost.
 """
 
 import argparse
+import os
 from typing import List, Sequence
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models.cache import make_prompt_cache
 
 from .checkpoints import load_default_pair
 from .costcurve import build_llama, parse_dims
@@ -64,6 +66,21 @@ def study_pair(args):
     target, draft = pair_from_arguments(args)
     return target, draft, (f"scaled {args.dims[0]}x{args.dims[1]}, alpha {args.alpha}, "
                            f"drafter {args.draft_layers} layers")
+
+
+def announce(what: str) -> None:
+    """A measurement script's first line: its pair, MLX's version and device,
+    the machine's load."""
+    print(f"{what}; mlx {mx.__version__}, {mx.default_device()}; load "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+
+
+def filled_cache(model, context: int) -> list:
+    """A fresh prompt cache of ``model`` holding ``context`` tokens, evaluated."""
+    cache = make_prompt_cache(model)
+    model(mx.arange(context)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
 
 
 def build_pair(hidden: int = 2048, layers: int = 16, draft_layers: int = 2,
