@@ -8,6 +8,8 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
+from .tree import consecutive
+
 
 class Written(NamedTuple):
     """What one update of a verify gave a cache to write (node i at row i),
@@ -51,9 +53,7 @@ class Tail:
         # consecutive there: in first-choice order (treespec.tree) a branch
         # that follows first choices below where it left the first-choice path
         # is, and a slice reads them with no gather.
-        moved = nodes[self.first_moved:]
-        self.run = (slice(moved[0], moved[-1] + 1)
-                    if moved and moved == list(range(moved[0], moved[-1] + 1)) else None)
+        self.run = consecutive(nodes[self.first_moved:])
 
     def index(self, start: int) -> mx.array:
         """The rows ``start + path[first_moved:]``, one device array per start

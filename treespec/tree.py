@@ -299,3 +299,11 @@ def renumbered(parents: Sequence[int], order: Sequence[int]) -> list:
     """The parent list of the same tree with node ``order[k]`` renamed k."""
     where = {old: new for new, old in enumerate(order)}
     return [-1] + [where[int(parents[old])] for old in order[1:]]
+
+
+def consecutive(indices: Sequence[int]) -> Optional[slice]:
+    """``indices`` as the slice that reads them when they are consecutive
+    and increasing (a run of rows one slice reads, no gather), else None."""
+    if indices and list(indices) == list(range(indices[0], indices[-1] + 1)):
+        return slice(indices[0], indices[-1] + 1)
+    return None

@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from ..checks import integer
 from ..gate import shapes_for
-from ..tree import DraftTree, first_choice_order, renumbered
+from ..tree import DraftTree, consecutive, first_choice_order, renumbered
 from .base import DeviceRound, DraftRound, Drafter, Round, logprobs_of, top_ids
 
 
@@ -76,9 +76,9 @@ class _Plan:
             rows = [(self.fed[shape[i]] - first) * kmax + self.rank[i] for i in expand]
             # Consecutive rows (a spine's one fed node, its first choice) are
             # a slice: no gather on the device.
-            self.gather_level.append(
-                slice(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1))
-                else mx.array(rows, dtype=mx.int32))
+            # Consecutive rows (a spine's one fed node, its first choice) are
+            # a slice: no gather on the device.
+            self.gather_level.append(consecutive(rows) or mx.array(rows, dtype=mx.int32))
             first = start
 
 
