@@ -298,18 +298,25 @@ def runoff_finalists(ranked: Sequence[Candidate], choice: Candidate,
     the calibration's runs: README, "auto on the H200"), so the best of each
     group is measured rather than ruled out by its prediction alone; it is
     added, not put in place of a candidate of the window. ``eligible(c)``
-    (the exactness probe) is asked only of candidates considered."""
+    (the exactness probe) is asked only of candidates considered, once each."""
+    verdicts = {}
+
+    def ok(c):
+        if id(c) not in verdicts:
+            verdicts[id(c)] = eligible(c)
+        return verdicts[id(c)]
+
     window = [choice]
     for c in ranked:
         if len(window) < limit and c is not choice and c.tok_s >= runoff * choice.tok_s \
-                and eligible(c):
+                and ok(c):
             window.append(c)
     groups = {_group(c) for c in window}
     extra = []
     for group in ("classic", "chain", "tree"):
         if group not in groups:
             best = next((c for c in ranked if _group(c) == group
-                         and c.tok_s >= floor * choice.tok_s and eligible(c)), None)
+                         and c.tok_s >= floor * choice.tok_s and ok(c)), None)
             if best is not None:
                 extra.append(best)
     return window + extra

@@ -362,9 +362,17 @@ def test_the_run_off_skips_a_kind_whose_best_the_probe_declines_for_its_next_bes
     b3 = _predicted("chain", 260, block=3)
     declined = _predicted("fixed", 230, branching=(2, 1, 1))
     spine = _predicted("fixed", 220, branching=(-1, 0, 0, 1, 1))
-    got = runoff_finalists([b3, declined, spine], b3, lambda c: c is not declined,
-                           runoff=0.95, floor=0.8, limit=4)
+    asked = []
+
+    def eligible(c):
+        asked.append(c)
+        return c is not declined
+
+    # ``declined`` is inside the window (0.88 of the choice) and the tree
+    # group's best: the probe (seconds on a real model) runs on it once.
+    got = runoff_finalists([b3, declined, spine], b3, eligible, runoff=0.88, floor=0.8, limit=4)
     assert got == [b3, spine]
+    assert sum(c is declined for c in asked) == 1
     # A tree choice brings the best chain and classic within the floor.
     classic = _predicted("classic", 190)
     got = runoff_finalists([b3, spine, classic], spine, lambda c: True, runoff=1.5,
