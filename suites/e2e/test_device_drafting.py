@@ -18,7 +18,8 @@ from treespec.blas import regime
 from treespec import caches, numerics
 from treespec.bench_prompts import PROMPTS
 from treespec.checkpoints import load_default_pair
-from treespec.draft import ConfidenceDrafter, DeviceRound, FixedTreeDrafter, confidence, top_ids
+from treespec.draft import (ConfidenceDrafter, DeviceRound, FixedTreeDrafter, confidence,
+                             top_children, top_ids)
 from treespec.draft.base import ARGMAX_PASSES
 from treespec.draft.confidence import best_first, build_tree
 
@@ -134,6 +135,26 @@ def test_top_ids_are_the_largest_values_largest_first(k, row):
     assert np.array(top_ids(mx.array(x), k)).tolist() == want.tolist()
 
 
+def test_children_follow_the_logits_where_the_log_softmax_rounds_them_together():
+    """A node's children are its largest float32 logits: two logits a few
+    ulps apart far below the log-sum-exp become one log-probability, and a
+    ranking by log-probability would put the lower id (the smaller logit)
+    first. Their log-probabilities are the full log-softmax's, read at the
+    chosen ids, and k = 1 is the argmax of the logits in their own dtype
+    (a chain's draft)."""
+    x = np.array([[1e-6, 2e-6, 20.0, -3.0]], dtype=np.float32)
+    full = np.array(mx.array(x) - mx.logsumexp(mx.array(x), axis=-1, keepdims=True))
+    assert full[0, 0] == full[0, 1]  # the premise: rounded together
+    ids, lp = top_children(mx.array(x), 3)
+    assert np.array(ids).tolist() == [[2, 1, 0]]
+    assert np.array_equal(np.array(lp), np.take_along_axis(full, np.array(ids), axis=-1))
+    rng = np.random.default_rng(3)
+    for dtype in (mx.bfloat16, mx.float16, mx.float32):
+        logits = mx.array(np.round(rng.standard_normal((4, 300)), 1)).astype(dtype)  # ties
+        assert np.array(top_children(logits, 1)[0]).ravel().tolist() == \
+            np.array(mx.argmax(logits, axis=-1)).tolist()
+
+
 @pytest.mark.parametrize("shape", [dict(branching=[3, 2, 1]), dict(parents=[-1, 0, 0, 1, 1, 3, 3])],
                          ids=["3x2x1", "spine"])
 @pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
@@ -161,23 +182,25 @@ def test_each_nodes_children_are_the_drafts_best_tokens_best_first(on_device, sh
 def eagle2_reference(model, context, root, budget, width, depth):
     """EAGLE-2's tree, computed independently: every candidate's draft
     distribution from a plain forward over the context and its root path,
-    float32 log-softmax, scores summed in float32 (numpy), ranks by numpy.
+    float32 log-softmax, scores summed in float32 (numpy), ranks by numpy
+    (a node's children by its float32 logits, candidates by score).
     Returns {token path below the root: score} of the kept candidates."""
-    def logprobs(path):
+    def distribution(path):  # (float32 logits, float32 log-softmax)
         logits = model(mx.array(context + [root] + path)[None])[0, -1].astype(mx.float32)
-        return np.array(logits - mx.logsumexp(logits))
+        return np.array(logits), np.array(logits - mx.logsumexp(logits))
 
     def best(scores, k):  # best first, ties to the earlier
         return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
 
-    lp = logprobs([])
-    frontier = [([int(t)], np.float32(lp[t])) for t in best(list(lp), width)]
+    logits, lp = distribution([])
+    frontier = [([int(t)], np.float32(lp[t])) for t in best(list(logits), width)]
     cands = list(frontier)
     for _ in range(depth - 1):
         level = []
         for path, score in frontier:
-            lp = logprobs(path)
-            level += [(path + [int(t)], np.float32(score + lp[t])) for t in best(list(lp), width)]
+            logits, lp = distribution(path)
+            level += [(path + [int(t)], np.float32(score + lp[t]))
+                      for t in best(list(logits), width)]
         cands += level
         frontier = [level[i] for i in best([s for _, s in level], width)]
     return {tuple(cands[i][0]): float(cands[i][1]) for i in best([s for _, s in cands], budget)}

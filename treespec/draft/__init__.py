@@ -11,14 +11,14 @@ Three shapes, one mechanism (``treespec.draft.base.Drafter``):
 
 from typing import Optional
 
-from .base import DeviceRound, DraftRound, Drafter, Round, logprobs_of, top_ids
+from .base import DeviceRound, DraftRound, Drafter, Round, logprobs_of, top_children, top_ids
 from .chain import ChainDrafter
 from .confidence import ConfidenceDrafter
 from .fixed import FixedTreeDrafter, fixed_shape, shape_name
 
 __all__ = ["ChainDrafter", "ConfidenceDrafter", "DeviceRound", "DraftRound", "Drafter",
            "FixedTreeDrafter", "Round", "fixed_shape", "logprobs_of", "make_drafter",
-           "shape_name", "top_ids"]
+           "shape_name", "top_children", "top_ids"]
 
 
 def make_drafter(mode: str, block: int = 4, branching=None, parents=None,

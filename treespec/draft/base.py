@@ -120,6 +120,24 @@ def logprobs_of(logits: mx.array) -> mx.array:
     return lp - mx.logsumexp(lp, axis=-1, keepdims=True)
 
 
+def top_children(logits: mx.array, k: int) -> tuple:
+    """Per row, the draft's ``k`` best children, best first, and their
+    float32 log-probabilities: ``(ids, logprobs)``, both lazy (a caller
+    that never reads the log-probabilities never computes them).
+
+    Children are ranked by the logits in float32 (``top_ids``), not by the
+    log-softmax: the cast is exact and keeps the order, so the ranking is
+    the draft distribution's own and k = 1 is the chain's argmax, while
+    subtracting the log-sum-exp can round values a few ulps apart together
+    (a tie the log-softmax would give to the lower id) and costs two more
+    passes over the vocabulary per row. The log-probabilities at the chosen
+    ids are those of ``logprobs_of`` bit for bit (the same subtraction of
+    the same float32 operands)."""
+    x = logits.astype(mx.float32)
+    ids = top_ids(x, k)
+    return ids, mx.take_along_axis(x, ids, axis=-1) - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
 # Up to this k, ``top_ids`` takes k argmax passes; above it, a partition.
 ARGMAX_PASSES = 4
 
@@ -246,8 +264,7 @@ class Drafter:
         if k:
             # Every new node's top-k in one graph and one transfer: one sync
             # per level, not one per node.
-            order = top_ids(logprobs, k)
-            top = mx.take_along_axis(logprobs, order, axis=-1)
+            order, top = top_children(logits, k)
             mx.eval(logprobs, order, top)
             for row, pairs in enumerate(zip(order.tolist(), top.tolist())):
                 self._top[fed_nodes[row]] = list(zip(*pairs))

@@ -6,6 +6,8 @@ The definition (what both paths below compute; suites/e2e pins them equal):
 
 - score: a candidate's cumulative draft log-probability, a float32 sum along
   its path of the float32 log-softmax of the draft's logits;
+- a node's ``width`` best children: the largest of its float32 logits, ties
+  to the lower id (``treespec.draft.base.top_children``);
 - depth 1: the root's ``width`` best children are the candidates, and all of
   them are the frontier;
 - depth d + 1 (d = 1 .. depth - 1): every frontier node of depth d offers its
@@ -55,7 +57,7 @@ from ..checks import integer
 from ..gate import shapes_for
 from ..tree import DraftTree
 from ..verify.attention import injected
-from .base import DraftRound, logprobs_of, top_ids
+from .base import DraftRound, top_children
 from .fixed import _TopKTree
 
 
@@ -180,10 +182,9 @@ class ConfidenceDrafter(_TopKTree):
         offset = self._round_offset
         w = self.width
         logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
-        lp = logprobs_of(logits)
-        ids = top_ids(lp, w)
+        ids, lp = top_children(logits, w)
         w = ids.shape[-1]  # a vocabulary smaller than the width
-        f_tok, f_score = ids[0], mx.take_along_axis(lp, ids, axis=-1)[0]
+        f_tok, f_score = ids[0], lp[0]
         f_cand = mx.arange(w, dtype=mx.int32)  # the frontier's candidates, best first
         # The frontier's ancestors among the fed rows (the root, then each
         # earlier depth's fed frontier): at depth 1, the root.
@@ -198,9 +199,8 @@ class ConfidenceDrafter(_TopKTree):
             mask = mx.concatenate([f_anc, mx.eye(k, dtype=mx.bool_)], axis=1)  # ... and itself
             logits = self._forward_frontier(f_tok, mask, offset, d, sizes, owners)
             sizes.append(k)
-            lp = logprobs_of(logits)
-            ids = top_ids(lp, w)
-            level_score = (f_score[:, None] + mx.take_along_axis(lp, ids, axis=-1)).reshape(-1)
+            ids, lp = top_children(logits, w)
+            level_score = (f_score[:, None] + lp).reshape(-1)
             level_tok = ids.reshape(-1)
             level_parent = mx.repeat(f_cand, w)
             tokens.append(level_tok), scores.append(level_score), parents.append(level_parent)

@@ -17,7 +17,7 @@ import mlx.core as mx
 from ..checks import integer
 from ..gate import shapes_for
 from ..tree import DraftTree, consecutive, first_choice_order, renumbered
-from .base import DeviceRound, DraftRound, Drafter, Round, logprobs_of, top_ids
+from .base import DeviceRound, DraftRound, Drafter, Round, top_children
 
 
 class _TopKTree(Drafter):
@@ -187,8 +187,8 @@ class FixedTreeDrafter(_TopKTree):
 
     def _device_top(self, logits: mx.array) -> mx.array:
         """Per row, the ``_kmax`` best token ids, best first: ``_expand``'s
-        ranking (``top_ids`` of float32 log-probabilities), left on the device."""
-        return top_ids(logprobs_of(logits), self._kmax)
+        ranking (``top_children``), left on the device."""
+        return top_children(logits, self._kmax)[0]
 
     def _grow(self, root, limit) -> DraftRound:
         n = len(self.shape) if limit is None else min(len(self.shape), limit + 1)
