@@ -12,10 +12,12 @@ a fixed tree's device round runs), and the top-k of each row. Every item is one 
 ``--calls`` times (median) within a repeat; items interleaved, the order
 rotated every repeat; ratios are medians of per-repeat ratios:
 
-- ranking a level's rows: argmax (k=1, a chain's), ``top_ids`` at k=2 and
-  4 (argmax passes, each masking the ids taken), and the same k by a
-  partition of the vocabulary then a sort of the k (``top_ids`` before),
-  each after ``logprobs_of``;
+- ranking a level's rows, logits in the drafter's dtype: argmax (a chain's
+  draft), ``top_children`` at k=2 and 4 (the ids alone, a fixed tree's: argmax
+  passes over the float32 logits, each masking the ids taken; and with their
+  log-probabilities, a confidence tree's), the same k by a partition of the
+  float32 logits then a sort of the k (``top_ids`` before a215c45), and
+  ``top_ids`` after ``logprobs_of`` (the ranking before a53a1d8);
 - the draft forward of a level: one token (a chain's), two tokens as a
   plain causal forward, two tokens as a tree level (verify, drafter);
 - host graph building alone of the last two (evaluated untimed after).
@@ -30,7 +32,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
 from treespec import scaled
-from treespec.draft.base import Drafter, logprobs_of, top_ids
+from treespec.draft.base import Drafter, logprobs_of, top_children, top_ids
 from treespec.timing import interleaved, ratio
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
@@ -57,22 +59,26 @@ def main():
     # Level 2 of [2,1,1,1]: the root and its two children are in the cache
     # (fed by levels 0 and 1), the two grandchildren are fed now.
     level_tree = DraftTree([0, 1, 2, 3, 4], [-1, 0, 0, 1, 2])
-    vocab = draft(mx.array([[0]]), cache=cache).shape[-1]
+    logits = draft(mx.array([[0]]), cache=cache)
+    vocab, dtype = logits.shape[-1], logits.dtype
     trim_prompt_cache(cache, 1)
-    rows = {r: mx.random.normal((r, vocab)) for r in (1, 2)}
+    rows = {r: mx.random.normal((r, vocab)).astype(dtype) for r in (1, 2)}
     mx.eval(list(rows.values()))
 
     items, refs = {}, {}
     for r, x in rows.items():
-        items[f"rank {r} row(s): argmax"] = lambda x=x: mx.eval(
-            top_ids(logprobs_of(x), 1))
+        base = f"rank {r} row(s): argmax"
+        items[base] = lambda x=x: mx.eval(mx.argmax(x, axis=-1))
         for k in (2, 4):
-            items[f"rank {r} row(s): top_ids k={k}"] = lambda x=x, k=k: mx.eval(
-                top_ids(logprobs_of(x), k))
-            items[f"rank {r} row(s): partition k={k}"] = lambda x=x, k=k: mx.eval(
-                partition_top(logprobs_of(x), k))
-            refs[f"rank {r} row(s): top_ids k={k}"] = f"rank {r} row(s): argmax"
-            refs[f"rank {r} row(s): partition k={k}"] = f"rank {r} row(s): argmax"
+            ways = {f"top_children k={k}": lambda x=x, k=k: top_children(x, k)[0],
+                    f"top_children k={k}, log-probabilities too":
+                        lambda x=x, k=k: top_children(x, k),
+                    f"partition k={k}": lambda x=x, k=k: partition_top(x.astype(mx.float32), k),
+                    f"top_ids k={k} after logprobs_of": lambda x=x, k=k: top_ids(
+                        logprobs_of(x), k)}
+            for name, way in ways.items():
+                items[f"rank {r} row(s): {name}"] = lambda way=way: mx.eval(way())
+                refs[f"rank {r} row(s): {name}"] = base
 
     def plain(T):
         def step():
