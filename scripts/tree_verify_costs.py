@@ -33,7 +33,6 @@ number of primitives in the verify graph against the plain forward's
 import argparse
 import os
 import statistics
-import tempfile
 import time
 
 import mlx.core as mx
@@ -41,6 +40,7 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from treespec import scaled
 from treespec.draft import make_drafter
+from treespec.graph_census import primitives
 from treespec.rollback import commit_path
 from treespec.timing import interleaved, ratio
 from treespec.tree import DraftTree
@@ -61,18 +61,6 @@ def counted_eval(*args, **kwargs):
 
 
 mx.eval = counted_eval  # this script's own counter of host evaluations
-
-
-def primitives(*arrays) -> int:
-    """Primitives in the (unevaluated) graph of ``arrays``."""
-    fd, path = tempfile.mkstemp(suffix=".dot")
-    os.close(fd)
-    try:
-        mx.export_to_dot(path, *arrays)
-        with open(path) as f:
-            return sum(line.count("shape=rectangle") for line in f)
-    finally:
-        os.remove(path)
 
 
 def main():
@@ -132,7 +120,7 @@ def main():
     for name, build in (("verify", lambda: adapter.verify(spine, cache)),
                         ("plain", lambda: target(mx.arange(9)[None], cache=cache))):
         out = build()
-        graphs[name] = primitives(out)
+        graphs[name] = sum(primitives(out).values())
         _eval(out)
         restore(9)
     g_verify, g_plain = graphs["verify"], graphs["plain"]

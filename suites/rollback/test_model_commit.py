@@ -11,10 +11,6 @@ window in place of each full KVCache (keep 0, and mlx-lm's max_kv_size keep
 4), ConcatenateKVCache, and a QuantizedKVCache of 4 and 8 bits.
 """
 
-
-import os
-import tempfile
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -24,7 +20,7 @@ from hypothesis import strategies as st
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from suites.helpers_numerics import check, exact
-from suites.rollback.helpers_caches import BUSH, assert_same, fingerprint, observe, tree_and_path
+from suites.rollback.helpers_caches import BUSH, fingerprint, observe, tree_and_path
 from suites.rollback.helpers_models import (
     OTHER_RECURRENT,
     RECURRENT,
@@ -33,7 +29,6 @@ from suites.rollback.helpers_models import (
     assert_same_where_exact,
     make_caches,
     model,
-    recurrent,
     prefill,
     rounds_then_decode,
     tiny,
@@ -42,6 +37,7 @@ from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS
 from treespec import numerics, zoo
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.audit.states import clone
+from treespec.graph_census import primitives
 from treespec.rollback import capture_recurrent_inputs, commit_path, snapshot
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
@@ -197,18 +193,6 @@ def test_a_branch_commit_copies_no_cache_buffer(rows_from, monkeypatch):
     assert all(c.offset == context + len(path) for c in cache)
 
 
-def _primitives(arrays, name: str) -> int:
-    """How many ``name`` primitives the (lazy) graph of ``arrays`` holds."""
-    fd, path = tempfile.mkstemp(suffix=".dot")
-    os.close(fd)
-    try:
-        mx.export_to_dot(path, *arrays)
-        with open(path) as f:
-            return f.read().count(f'label ="{name}"')
-    finally:
-        os.remove(path)
-
-
 # BUSH in node order: [0, 1, 4] moves node 4 alone (one slice per array);
 # [0, 2, 5, 6] moves 2, 5, 6, which are not consecutive rows (a gather each).
 @pytest.mark.parametrize("path, gathers", [([0, 1, 4], 0), ([0, 2, 5, 6], 1)])
@@ -229,7 +213,7 @@ def test_a_branch_of_consecutive_nodes_moves_its_rows_without_a_gather(path, gat
                  np.array(c.values[..., context:context + len(BUSH), :])) for c in cache]
     adapter.commit(cache, BUSH, path)
     written = [a for c in cache for a in (c.keys, c.values)]
-    assert _primitives(written, "Gather") == gathers * len(written)
+    assert primitives(*written)["Gather"] == gathers * len(written)
     mx.eval(written)
     for c, (keys, values) in zip(cache, verified):
         assert c.offset == context + len(path)

@@ -17,7 +17,7 @@ from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 
 from suites.verify import helpers
 from suites.verify.helpers import (HYBRID, assert_refused_untouched,
-                                   assert_rows_are_root_path_forwards, clone, fingerprint)
+                                   assert_rows_are_root_path_forwards, clone)
 from treespec import zoo
 from treespec.decode import decode
 from treespec.tree import DraftTree
