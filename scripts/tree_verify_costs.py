@@ -12,7 +12,10 @@ reference's time in the same repeat (so a busy machine moves both alike):
 - verify: ``TreeAdapter.verify`` of a spine of 9 nodes, of [2,1,1,1] (9) and
   of a chain of 5, each against a plain forward over as many tokens; host
   graph building alone (the verify's and a plain forward's, evaluated
-  untimed after each call);
+  untimed after each call); and the verify's host work outside its forward
+  alone, in a loop with no forward (the checks, snapshot, hold, injection put
+  in and taken out, capture of the writes), against the plain forward's host
+  graph building;
 - the pieces of the injection on a 9-token forward: the per-node rope alone,
   the mask alone, both; sdpa with mlx-lm's "causal", a bool and an additive
   mask in the activation dtype;
@@ -41,11 +44,12 @@ from mlx_lm.models.cache import trim_prompt_cache
 from treespec import scaled
 from treespec.draft import make_drafter
 from treespec.graph_census import primitives
-from treespec.rollback import commit_path
+from treespec.rollback import capture_written, commit_path, snapshot
 from treespec.timing import interleaved, ratio
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
 from treespec.verify.attention import injected, rope_owners
+from treespec.verify.guard import restored_on_error
 
 SPINE = [-1, 0, 0, 1, 1, 3, 3, 5, 5]  # depth 4, two children per spine node
 BRANCHING = [2, 1, 1, 1]
@@ -116,6 +120,18 @@ def main():
              building(lambda: target(mx.arange(9)[None], cache=cache), 9)}
     refs["host graph building, verify of the 9-node spine"] = \
         "host graph building, plain forward of 9"
+
+    def setup_alone():
+        """What ``adapter.verify`` does around its forward, without one."""
+        owners = adapter.check(spine, cache)
+        snapshot(cache)
+        with restored_on_error(cache), adapter.injection(cache, spine, owners, 0), \
+                capture_written(cache):
+            pass
+
+    setup_name = "verify's host work outside its forward (no forward)"
+    items[setup_name] = setup_alone
+    refs[setup_name] = "host graph building, plain forward of 9"
     graphs = {}
     for name, build in (("verify", lambda: adapter.verify(spine, cache)),
                         ("plain", lambda: target(mx.arange(9)[None], cache=cache))):

@@ -137,3 +137,45 @@ def test_a_target_and_its_drafter_verified_together_do_not_interfere():
     assert "logits" in inner
     assert_rows_are_root_path_forwards(target, t_before, TREE, t_logits)
     assert_rows_are_root_path_forwards(drafter, d_before, d_tree, inner["logits"])
+
+
+def _rotating_elsewhere(attention):
+    """Make ``attention`` (a llama Attention) rotate with its real rope,
+    kept as a plain attribute (not a child: the module tree is unchanged),
+    whatever its ``rope`` child holds."""
+    cls = type(attention)
+
+    def __call__(self, x, mask=None, cache=None):
+        held = self["rope"]
+        self["rope"] = self._own_rope
+        try:
+            return cls.__call__(self, x, mask=mask, cache=cache)
+        finally:
+            self["rope"] = held
+
+    object.__setattr__(attention, "_own_rope", attention.rope)
+    attention.__class__ = type("RopeElsewhere", (cls,), {"__call__": __call__})
+
+
+def test_a_forward_that_bypasses_the_tree_ropes_is_refused_at_every_verify():
+    """The injection's probe counts the calls of this verify's rope stand-ins
+    (an adapter re-arms the same stand-ins verify after verify): a model
+    verified once, then changed so that its attentions rotate with ropes the
+    injection does not reach (no module is replaced: the adapter keeps its
+    rope owners), is refused, with its caches as they were."""
+    model = zoo.build("llama")
+    adapter = adapter_for(model)
+    tree = helpers.branching_trees("llama")["bushy"]
+    hist = helpers.history(6)
+    cache = hist.replay(model)
+    before = clone(cache)
+    assert_rows_are_root_path_forwards(model, before, tree, adapter.verify(tree, cache))
+    for layer in model.model.layers:
+        _rotating_elsewhere(layer.self_attn)
+    cache = hist.replay(model)
+    before = clone(cache)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="tree injection bypassed: 0 rope call"):
+            adapter.verify(tree, cache)
+        assert [c.offset for c in cache] == [c.offset for c in before]
+        assert all(mx.array_equal(a.state[0], b.state[0]) for a, b in zip(cache, before))

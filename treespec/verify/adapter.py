@@ -109,6 +109,9 @@ class TreeAdapter:
         # the snapshot's (treespec.module_tree).
         self._owners: Optional[list] = None
         self._tree: Optional[ModuleTree] = None
+        # id(rope owner) -> its TreeRoPE, re-armed by every injection of this
+        # adapter while the owners are those of the last walk.
+        self._rope_pool: dict = {}
 
     def vocab(self) -> int:
         """The width of the model's logits: node tokens must be below it."""
@@ -149,6 +152,7 @@ class TreeAdapter:
         if self._owners is None or self._tree.changed():
             self._tree = ModuleTree(self.model)
             self._owners = rope_owners(self.model, attr, self._skip)
+            self._rope_pool = {}
         owners = self._owners
         for name, owner in owners:
             why = rope_refusal(owner[attr])
@@ -350,7 +354,8 @@ class TreeAdapter:
         something else (the suites plant defects here)."""
         return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
                              self._positions, plans=plans, ropes=ropes,
-                             one_token=self._one_token if ropes else ())
+                             one_token=self._one_token if ropes else (),
+                             rope_pool=self._rope_pool)
 
     @taking_turns
     def commit(

@@ -135,10 +135,15 @@ class TreeRoPE(StandIn):
 
     def __init__(self, rope, depths: mx.array, positions: Optional[dict] = None):
         super().__init__()
-        # One per rope and verify (a 32-layer model builds 32 per forward):
-        # the child where nn.Module's own setattr would store it, the rest
-        # as plain attributes (not parameters), both skipping the lookups
-        # that setattr makes first.
+        self.arm(rope, depths, positions)
+
+    def arm(self, rope, depths: mx.array, positions: Optional[dict] = None) -> "TreeRoPE":
+        """Stand in for ``rope`` in one forward, with ``depths``: what a new
+        stand-in holds, so that an adapter keeps one per rope owner across
+        verifies instead of building 32 modules per forward of 32 layers.
+        The child where nn.Module's own setattr would store it, the rest as
+        plain attributes (not parameters), both past the lookups setattr
+        makes first."""
         self["inner"] = rope
         # and as a plain attribute: every call reads it, past nn.Module's
         # __getattr__ (a dict miss first) and the stand-in's
@@ -149,6 +154,7 @@ class TreeRoPE(StandIn):
         object.__setattr__(self, "_positions", {} if positions is None else positions)
         object.__setattr__(self, "_calls", 0)
         object.__setattr__(self, "_thread", threading.get_ident())
+        return self
 
     def __call__(self, x, offset=0, **kwargs):
         inner = self._inner
@@ -285,6 +291,7 @@ def injected(
     positions: Optional[list] = None,
     plans: Optional[dict] = None,
     one_token: Sequence = (),
+    rope_pool: Optional[dict] = None,
 ):
     """For the duration of the block: every attention cache in ``caches``
     answers ``make_mask(N, ...)`` with ``mask_fn(cache, N, window_size)``,
@@ -353,9 +360,13 @@ def injected(
                 node_steps[id(module)] = stand_in
             inside = tuple(path for path, *_ in one_token)
             for name, owner in owners:
-                if any(name == p or name.startswith(p + ".") for p in inside):
+                if inside and any(name == p or name.startswith(p + ".") for p in inside):
                     continue  # its rope gets the positions from NodeSteps
-                wrapper = TreeRoPE(owner[rope_attr], depths, rope_positions)
+                kept = None if rope_pool is None else rope_pool.get(id(owner))
+                wrapper = (TreeRoPE(owner[rope_attr], depths, rope_positions) if kept is None
+                           else kept.arm(owner[rope_attr], depths, rope_positions))
+                if rope_pool is not None:
+                    rope_pool[id(owner)] = wrapper
                 ropes_put.append((owner, owner[rope_attr]))
                 set_slot(owner, rope_attr, wrapper)
                 wrappers.append(wrapper)
@@ -405,6 +416,7 @@ def tree_injected(
     depths=None,
     mask_fn: Optional[MaskFn] = None,
     one_token: Sequence = (),
+    rope_pool: Optional[dict] = None,
 ):
     """:func:`injected` with the tree's depths and masks, for a forward over
     the nodes ``start..n-1`` (the cache already holding nodes 0..start-1).
@@ -421,7 +433,7 @@ def tree_injected(
     if mask_fn is None:
         mask_fn = lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start, plans)
     return injected(model, caches, depths if ropes else None, mask_fn, rope_attr, owners,
-                    positions, plans, one_token)
+                    positions, plans, one_token, rope_pool)
 
 
 def _checked_tree_mask(cache, tree, N, window, start, plans):
