@@ -4,6 +4,7 @@ worth a timed bench.
 
     python scripts/shape_emission.py --pair default [--max-tokens 48] [--prompts 2]
     python scripts/shape_emission.py --dims 2048x16 --alpha 0.02 [--prompts 2]
+    python scripts/shape_emission.py --pair default --trees="2,2,1 -1,0,0,1,1"   # these too
 
 The trained pair takes the bench's Python prompts; the scaled pair its seeded
 token prompts (treespec.scaled.default_prompts). Shapes: chains of block 2..9,
@@ -23,8 +24,9 @@ from treespec import scaled
 from treespec.bench_prompts import PROMPTS
 from treespec.checkpoints import load_default_pair
 from treespec.decode import decode
-from treespec.draft import FixedTreeDrafter
+from treespec.draft import FixedTreeDrafter, fixed_shape, shape_name
 from treespec.emission import draft_ranks, rounds
+from treespec.flags import parse_trees
 from treespec.tree import DraftTree
 
 BRANCHINGS = ([2, 1, 1], [2, 1, 1, 1], [2, 2, 1], [3, 1, 1, 1], [2, 2, 1, 1], [2, 1, 1, 1, 1],
@@ -42,13 +44,17 @@ def spine(depth: int, width: int) -> list:
     return parents
 
 
-def shapes() -> dict:
+def shapes(extra=()) -> dict:
+    """name -> parent list in first-choice order: the built-in families,
+    then ``extra`` (``--trees`` specs, branchings or parent lists)."""
     out = {f"chain b={b}": list(range(-1, b - 1)) for b in range(2, 10)}
     for d in range(2, 8):
         for w in (2, 3):
             out[f"spine {d}x{w}"] = FixedTreeDrafter(parents=spine(d, w)).shape
     for b in BRANCHINGS:
         out["[" + ",".join(map(str, b)) + "]"] = FixedTreeDrafter(branching=b).shape
+    for spec in extra:
+        out[shape_name(spec)] = FixedTreeDrafter(**fixed_shape(spec)).shape
     return out
 
 
@@ -59,6 +65,8 @@ def main():
                     help="the built-in trained pair (its target and that drafter) instead")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--trees", type=parse_trees, default=[],
+                    help='more shapes, as the bench takes them: --trees="2,2,1 -1,0,0,1,1"')
     args = ap.parse_args()
     if args.pair:
         target, draft, tok = load_default_pair(args.pair)
@@ -80,11 +88,11 @@ def main():
               f"token at {top1:.2f} of positions, one of its first two at "
               f"{float((ranks[-1] <= 1).mean()):.2f}", flush=True)
     print(f"\n{len(prompts)} prompts x {n} tokens, greedy\n"
-          f"{'shape':16} {'nodes':>5} {'depth':>5} {'emit/v':>7}")
-    for name, parents in shapes().items():
+          f"{'shape':20} {'nodes':>5} {'depth':>5} {'emit/v':>7}")
+    for name, parents in shapes(args.trees).items():
         per_round = [e for r in ranks for e in rounds(parents, r, n)]
         depth = int(DraftTree([0] * len(parents), parents).depth())
-        print(f"{name:16} {len(parents):5d} {depth:5d} {sum(per_round) / len(per_round):7.2f}")
+        print(f"{name:20} {len(parents):5d} {depth:5d} {sum(per_round) / len(per_round):7.2f}")
 
 
 if __name__ == "__main__":
