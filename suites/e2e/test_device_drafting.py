@@ -142,7 +142,9 @@ def test_children_follow_the_logits_where_the_log_softmax_rounds_them_together()
     first. Their log-probabilities are the full log-softmax's, read at the
     chosen ids, and k = 1 is the argmax of the logits in their own dtype
     (a chain's draft)."""
-    x = np.array([[1e-6, 2e-6, 20.0, -3.0]], dtype=np.float32)
+    # 1e-9 and 2e-9 are distinct float32 logits, both far below half an ulp of the
+    # log-sum-exp (about 20): subtracting it rounds them to one value on any backend
+    x = np.array([[1e-9, 2e-9, 20.0, -3.0]], dtype=np.float32)
     full = np.array(mx.array(x) - mx.logsumexp(mx.array(x), axis=-1, keepdims=True))
     assert full[0, 0] == full[0, 1]  # the premise: rounded together
     ids, lp = top_children(mx.array(x), 3)
