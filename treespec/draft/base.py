@@ -264,7 +264,10 @@ class Drafter:
         if k:
             # Every new node's top-k in one graph and one transfer: one sync
             # per level, not one per node.
-            order, top = top_children(logits, k)
+            # Ranked by top_children; the values read off the log-softmax
+            # already computed (the same numbers, one log-sum-exp per row).
+            order = top_children(logits, k)[0]
+            top = mx.take_along_axis(logprobs, order, axis=-1)
             mx.eval(logprobs, order, top)
             for row, pairs in enumerate(zip(order.tolist(), top.tolist())):
                 self._top[fed_nodes[row]] = list(zip(*pairs))

@@ -76,8 +76,6 @@ class _Plan:
             rows = [(self.fed[shape[i]] - first) * kmax + self.rank[i] for i in expand]
             # Consecutive rows (a spine's one fed node, its first choice) are
             # a slice: no gather on the device.
-            # Consecutive rows (a spine's one fed node, its first choice) are
-            # a slice: no gather on the device.
             self.gather_level.append(consecutive(rows) or mx.array(rows, dtype=mx.int32))
             first = start
 
