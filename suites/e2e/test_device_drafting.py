@@ -94,6 +94,35 @@ def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape)
                   what="the draft caches decoding on", mode="device vs host drafting")
 
 
+@pytest.mark.parametrize("shape, limit, ks", [
+    (dict(branching=[2, 1, 1, 1]), None, [2, 1, 1, 1]),
+    (dict(branching=[1, 3]), None, [1, 3]),
+    (dict(parents=[-1, 0, 0, 1, 1, 3, 3, 5, 5]), None, [2, 2, 2, 2]),
+    # the first 4 nodes of [2,1,1,1] in first-choice order: a chain of 4
+    (dict(branching=[2, 1, 1, 1]), 3, [1, 1, 1]),
+], ids=["2x1x1x1", "1x3", "spine", "2x1x1x1-cut-to-3"])
+def test_each_level_ranks_only_as_many_children_as_its_widest_fed_node_has(shape, limit, ks):
+    """A device round ranks, per level, the most children one of that
+    level's fed nodes has in the round's shape (an argmax where each has
+    one), not the shape's widest branching at every level; the tree is the
+    host path's all the same (the test above)."""
+    model = helpers.model("llama")
+    prompt = list(helpers.tokens(8, seed=4))
+    device, host = FixedTreeDrafter(**shape), FixedTreeDrafter(**shape)
+    host.on_device = False
+    for d in (device, host):
+        d.start(model, prompt[:-1])
+    asked, rank = [], device._device_top
+
+    def counted(logits, k):
+        asked.append(k)
+        return rank(logits, k)
+
+    device._device_top = counted
+    assert device.draft(prompt[-1], limit).tree == host.draft(prompt[-1], limit).tree
+    assert asked == ks
+
+
 def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():
     """limit 0 (max_tokens reached) takes the host path: the accepted leaf
     the device round never fed must still reach the draft cache."""
@@ -240,28 +269,42 @@ def test_the_confidence_tree_is_eagle2s_per_depth_tree(budget, width, on_device)
         root = helpers.tokens(1, seed=30 + r)[0]  # the target's next token
 
 
+@pytest.mark.parametrize("bound", ["expanded", "offered"])
 @pytest.mark.parametrize("on_device", [True, False], ids=["device", "host"])
-def test_the_confidence_tree_feeds_only_frontier_nodes_that_can_have_a_kept_child(
-        on_device, monkeypatch):
+def test_the_confidence_tree_feeds_and_ranks_only_what_can_be_kept(on_device, bound, monkeypatch):
     """A round feeds the first ``budget - d`` of depth d's frontier, not all
-    ``width`` (treespec.draft.confidence: none past them can have a kept
-    child), and keeps EAGLE-2's tree: the trained drafter (peaked, so deep
-    nodes get kept) from roots along a prompt against the full-frontier
-    reference. The same rounds fed one node fewer per depth lose a kept node
-    in some round: the test reaches the bound it pins."""
+    ``width`` (``expanded``), and a node of depth d offers its best
+    ``budget - d`` children, not ``width`` (``offered``;
+    treespec.draft.confidence: nothing past either bound can be kept), and
+    keeps EAGLE-2's tree against the full-width reference, from roots along
+    a prompt for the trained drafter (peaked, so deep nodes get kept) and
+    along random tokens for the zoo's random llama (flat, so siblings get
+    kept). The same rounds with either bound one lower lose a kept node in
+    some round: the test reaches the bound it pins."""
     if regime() not in EXACT_REGIMES:  # forwards of different widths, compared bit for bit
         pytest.skip(f"inconclusive on {regime()}: the reference drafts with forwards of other "
                     "widths, compared bit for bit, which only an exact regime makes equal")
-    _, model, tokenizer = load_default_pair()
-    ids = tokenizer.encode(PROMPTS[0])
+    _, trained, tokenizer = load_default_pair()
+    prompt, noise = tokenizer.encode(PROMPTS[0]), list(helpers.tokens(60, seed=7))
+    roots = [(trained, prompt, cut) for cut in range(6, len(prompt), 3)] + \
+        [(helpers.model("llama"), noise, cut) for cut in range(4, len(noise), 6)]
     budget, width = 4, 4
+    ranked = []  # per device round: the children ranked per row, level by level
+    rank = confidence.top_children
+
+    def counted(logits, k):
+        ranked[-1].append(k)
+        return rank(logits, k)
+
+    monkeypatch.setattr(confidence, "top_children", counted)
 
     def rounds():
-        """Per root along the prompt: (the kept paths are the reference's, nodes fed past the root)."""
-        for cut in range(6, len(ids), 3):
+        """Per root: (the kept paths are the reference's, nodes fed past the root)."""
+        for model, ids, cut in roots:
             drafter = ConfidenceDrafter(budget, width=width)
             drafter.on_device = on_device
             drafter.start(model, ids[:cut - 1])
+            ranked.append([])
             rnd = drafter.draft(ids[cut - 1])
             tree = rnd.tree
             got = {tuple(tree.tokens[i] for i in tree.path_to(n)[1:]): rnd.logprobs[n]
@@ -272,7 +315,8 @@ def test_the_confidence_tree_feeds_only_frontier_nodes_that_can_have_a_kept_chil
     for same, fed in rounds():
         assert same
         assert fed == sum(min(width, budget - d) for d in range(1, budget))  # 3 + 2 + 1
-    monkeypatch.setattr(confidence, "expanded", lambda b, w, d: max(1, min(w, b - d - 1)))
+    assert all(r == ([4, 3, 2, 1] if on_device else []) for r in ranked)
+    monkeypatch.setattr(confidence, bound, lambda b, w, d: max(1, min(w, b - d - 1)))
     assert not all(same for same, _ in rounds())
 
 

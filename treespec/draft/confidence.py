@@ -19,18 +19,24 @@ The definition (what both paths below compute; suites/e2e pins them equal):
   earlier created). A child's score never exceeds its parent's and it is
   created later, so the set is ancestor-closed.
 
-What is fed is less than that definition expands, for the same tree: only the
-first ``expanded(budget, width, d) = min(width, budget - d)`` frontier nodes of
-depth d go through the draft forward. Why that loses nothing: a kept node of
-depth d + 1 needs its parent and d - 1 more ancestors kept, so at most
-budget - d nodes of depth d have a kept child; those are kept, hence the best
-of their depth, hence (the frontier being best first) among its first
-budget - d. The children of the others are never kept, and taking candidates
-that are not kept out of the set changes neither the kept set nor, creation
-order being kept, any tie. A budget-4 tree of width 4 feeds 3, 2 and 1 nodes
-past the root instead of 4, 4 and 4: fewer tokens per draft forward, where a
-forward's cost grows with its tokens (README, "Tree rounds against chain
-rounds", has the measured drafting cost).
+What is fed and ranked is less than that definition expands, for the same
+tree. Only the first ``expanded(budget, width, d) = min(width, budget - d)``
+frontier nodes of depth d go through the draft forward, and every node of
+depth d (the root's is 0) offers only its ``offered(budget, width, d) =
+min(width, budget - d)`` best children. Why that loses nothing: a kept node
+of depth d + 1 needs its d ancestors kept and, being a child of rank r, its
+r - 1 better siblings (each scores at least as much and was created
+earlier), so r <= budget - d; and at most budget - d nodes of depth d have a
+kept child; those are kept, hence the best of their depth, hence (the
+frontier being best first) among its first budget - d. A child left out has
+budget - d better siblings in its level, so it is past the fed part of the
+next frontier too. Taking candidates that are never kept nor fed out of the
+set changes neither the kept set nor, creation order being kept, any tie. A
+budget-4 tree of width 4 feeds 3, 2 and 1 nodes past the root instead of 4,
+4 and 4 (fewer tokens per draft forward, where a forward's cost grows with
+its tokens) and ranks 4, 3, 2 and 1 children per node of depth 0 to 3
+instead of 4 each (README, "Tree rounds against chain rounds", has the
+measured drafting cost).
 
 ``depth`` defaults to the budget (the deepest a budget-node tree can reach),
 so drafting costs one draft forward per depth, as a chain of that depth (the
@@ -94,6 +100,13 @@ def expanded(budget: int, width: int, d: int) -> int:
     return min(width, budget - d)  # >= 1: d < depth <= budget
 
 
+def offered(budget: int, width: int, d: int) -> int:
+    """How many of its best children a node of depth d (the root: 0) offers
+    as candidates: those that can be kept (the module docstring says why no
+    more)."""
+    return min(width, budget - d)  # >= 1: d < depth <= budget
+
+
 def best_first(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the ``k`` best scores, best first, ties to the lower index."""
     return np.lexsort((np.arange(scores.size), -scores))[:k]
@@ -146,7 +159,7 @@ class ConfidenceDrafter(_TopKTree):
                               self._fed_tree, {0: 0.0}, forwards=self._forwards)
         frontier = []  # candidate indices, best first
         w = min(self.width, len(self._top[0]))  # a vocabulary smaller than the width
-        for tok, lp in self._children(0, w):
+        for tok, lp in self._children(0, offered(budget, w, 0)):
             frontier.append(len(tokens))
             tokens.append(tok), scores.append(np.float32(lp)), parents.append(-1)
         for d in range(1, depth):
@@ -158,7 +171,7 @@ class ConfidenceDrafter(_TopKTree):
             self._expand(list(range(first, len(self._fed_tree))))
             level = []
             for c in frontier:
-                for tok, lp in self._children(fed_of[c], w):
+                for tok, lp in self._children(fed_of[c], offered(budget, w, d)):
                     level.append(len(tokens))
                     # float32 arithmetic, as the device path sums
                     tokens.append(tok), scores.append(scores[c] + np.float32(lp))
@@ -180,18 +193,18 @@ class ConfidenceDrafter(_TopKTree):
         owners = self.adapter.check(DraftTree([root, root], [-1, 0]), self.cache)
         lead = self._start_round()
         offset = self._round_offset
-        w = self.width
         logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
-        ids, lp = top_children(logits, w)
-        w = ids.shape[-1]  # a vocabulary smaller than the width
+        w = min(self.width, logits.shape[-1])  # a vocabulary smaller than the width
+        c = offered(budget, w, 0)
+        ids, lp = top_children(logits, c)
         f_tok, f_score = ids[0], lp[0]
-        f_cand = mx.arange(w, dtype=mx.int32)  # the frontier's candidates, best first
+        f_cand = mx.arange(c, dtype=mx.int32)  # the frontier's candidates, best first
         # The frontier's ancestors among the fed rows (the root, then each
         # earlier depth's fed frontier): at depth 1, the root.
-        f_anc = mx.ones((w, 1), dtype=mx.bool_)
+        f_anc = mx.ones((c, 1), dtype=mx.bool_)
         tokens, scores = [f_tok], [f_score]
-        parents, frontiers, sizes = [mx.full((w,), -1, dtype=mx.int32)], [], []
-        count = w
+        parents, frontiers, sizes = [mx.full((c,), -1, dtype=mx.int32)], [], []
+        count = c
         for d in range(1, depth):
             k = expanded(budget, w, d)  # best first: the first k can have kept children
             f_tok, f_score, f_cand, f_anc = f_tok[:k], f_score[:k], f_cand[:k], f_anc[:k]
@@ -199,22 +212,23 @@ class ConfidenceDrafter(_TopKTree):
             mask = mx.concatenate([f_anc, mx.eye(k, dtype=mx.bool_)], axis=1)  # ... and itself
             logits = self._forward_frontier(f_tok, mask, offset, d, sizes, owners)
             sizes.append(k)
-            ids, lp = top_children(logits, w)
+            c = offered(budget, w, d)
+            ids, lp = top_children(logits, c)
             level_score = (f_score[:, None] + lp).reshape(-1)
             level_tok = ids.reshape(-1)
-            level_parent = mx.repeat(f_cand, w)
+            level_parent = mx.repeat(f_cand, c)
             tokens.append(level_tok), scores.append(level_score), parents.append(level_parent)
-            # The w best of the level's k*w, ties to the earlier created: rank
+            # The w best of the level's k*c, ties to the earlier created: rank
             # each candidate by how many beat it, then take ranks 0 .. w-1.
             s = level_score
-            order = mx.arange(k * w)
+            order = mx.arange(k * c)
             earlier = order[None, :] < order[:, None]  # [i, j]: j created before i
             beats = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & earlier)
             pick = mx.argsort(beats.sum(axis=1))[:w].astype(mx.int32)
-            f_anc = mx.take(mask, pick // w, axis=0)
+            f_anc = mx.take(mask, pick // c, axis=0)
             f_tok, f_score = mx.take(level_tok, pick), mx.take(level_score, pick)
             f_cand = count + pick
-            count += k * w
+            count += k * c
             mx.async_eval(f_tok, f_score, f_anc)
         flat_tok = mx.concatenate(tokens)
         flat_score = mx.concatenate(scores)

@@ -36,10 +36,10 @@ class _Plan:
     """Everything about drafting the first ``n`` nodes of a shape that does
     not depend on token values, built once: the topology, each node's rank
     among its siblings, the nodes each level's forward feeds (its internal
-    nodes, in node order) and the fed tree they form, and where each node's
-    token sits among the fed nodes' top-k ids."""
+    nodes, in node order) and the fed tree they form, how many top ids each
+    level's rows need, and where each node's token sits among them."""
 
-    def __init__(self, shape: Sequence[int], kmax: int):
+    def __init__(self, shape: Sequence[int]):
         n = len(shape)
         self.topology = DraftTree([0] * n, shape)
         depths = self.topology.depths()
@@ -59,25 +59,35 @@ class _Plan:
             part = DraftTree([0] * len(fed_parents), fed_parents) if expand else None
             self.levels.append((nodes, expand, part, start))
         self.fed_topology = DraftTree([0] * len(fed_parents), fed_parents)
-        # Node i's token: rank(i)-th best of its parent's row of top-k ids,
-        # the parent's row being its fed index in the flat list of all rows.
-        where = [self.fed[shape[i]] * kmax + self.rank[i] for i in range(1, n)]
-        self.where = {i: w for i, w in zip(range(1, n), where)}
+        # Each level's rows (the root's, then each depth's fed nodes) rank
+        # only as many top ids as the most children one of them has: [2,1,1,1]
+        # ranks two at the root and one per row below it (an argmax, as a
+        # chain's), not two everywhere.
+        rows = [[0]] + [expand for _, expand, _, _ in self.levels if expand]
+        self.k = [max(seen[node] for node in level) for level in rows]
+        # Where each fed node's row starts in the flat list of every level's
+        # top ids, levels in order (a level's fed nodes are contiguous in the
+        # fed order: the root's row is level 0's).
+        row_at, flat = {}, 0
+        for level, k in zip(rows, self.k):
+            for node in level:
+                row_at[node], flat = flat, flat + k
+        where = [row_at[shape[i]] + self.rank[i] for i in range(1, n)]
         self.gather_all = mx.array(where, dtype=mx.int32) if where else None
-        # A level's tokens, gathered from the previous level's rows alone: a
-        # node's parent sits one depth up, and each level's fed nodes are
-        # contiguous in the fed order (the root's row is level 0's), so the
-        # device never concatenates the rows of every level per level.
-        self.gather_level, first = [], 0
-        for _, expand, _, start in self.levels:
+        # A level's tokens, gathered from the previous level's rows alone (a
+        # node's parent sits one depth up), so the device never concatenates
+        # the rows of every level per level.
+        self.gather_level, previous = [], rows[0]
+        for _, expand, _, _ in self.levels:
             if not expand:
                 self.gather_level.append(None)
                 continue
-            rows = [(self.fed[shape[i]] - first) * kmax + self.rank[i] for i in expand]
+            first = row_at[previous[0]]
+            idx = [row_at[shape[i]] - first + self.rank[i] for i in expand]
             # Consecutive rows (a spine's one fed node, its first choice) are
             # a slice: no gather on the device.
-            self.gather_level.append(consecutive(rows) or mx.array(rows, dtype=mx.int32))
-            first = start
+            self.gather_level.append(consecutive(idx) or mx.array(idx, dtype=mx.int32))
+            previous = expand
 
 
 class FixedTreeDrafter(_TopKTree):
@@ -125,7 +135,7 @@ class FixedTreeDrafter(_TopKTree):
 
     def _plan(self, n: int) -> _Plan:
         if n not in self._plans:
-            self._plans[n] = _Plan(self.shape[:n], self._kmax)
+            self._plans[n] = _Plan(self.shape[:n])
         return self._plans[n]
 
     # Children are the draft's top-k, a function of the logits alone: the
@@ -151,16 +161,17 @@ class FixedTreeDrafter(_TopKTree):
         lead = self._start_round()
         offset = self._round_offset
         logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
-        level_top = self._device_top(logits)  # the fed nodes' top-k ids, row by row
+        ks = iter(plan.k)  # top ids per row, level by level
+        level_top = self._device_top(logits, next(ks))  # the fed nodes' top ids, row by row
         mx.async_eval(level_top)
-        tops = [level_top]
+        tops = [level_top.reshape(-1)]
         fed_tokens = mx.array([root], dtype=level_top.dtype)
         forwards, owners = 1, None
         for (_, expand, part, start), gather in zip(plan.levels, plan.gather_level):
             if not expand:
                 continue
             forwards += 1
-            flat = level_top.reshape(-1)
+            flat = tops[-1]
             tokens = flat[gather] if type(gather) is slice else mx.take(flat, gather)
             if not self.compacting:
                 fed_tokens = mx.concatenate([fed_tokens, tokens])
@@ -175,18 +186,18 @@ class FixedTreeDrafter(_TopKTree):
             else:
                 self._restore()
                 logits = self.adapter.verify(part, self.cache, tokens=fed_tokens)[start:]
-            level_top = self._device_top(logits)
+            level_top = self._device_top(logits, next(ks))
             # Started now, as the chain starts each draft: the device runs
             # this level while the host builds the next one.
             mx.async_eval(level_top)
-            tops.append(level_top)
-        drafts = mx.take(mx.concatenate(tops).reshape(-1), plan.gather_all)
+            tops.append(level_top.reshape(-1))
+        drafts = mx.take(mx.concatenate(tops), plan.gather_all)
         return DeviceRound(root, plan.topology, drafts, plan.fed, offset, forwards=forwards)
 
-    def _device_top(self, logits: mx.array) -> mx.array:
-        """Per row, the ``_kmax`` best token ids, best first: ``_expand``'s
+    def _device_top(self, logits: mx.array, k: int) -> mx.array:
+        """Per row, the ``k`` best token ids, best first: ``_expand``'s
         ranking (``top_children``), left on the device."""
-        return top_children(logits, self._kmax)[0]
+        return top_children(logits, k)[0]
 
     def _grow(self, root, limit) -> DraftRound:
         n = len(self.shape) if limit is None else min(len(self.shape), limit + 1)
