@@ -21,7 +21,10 @@ reference's time in the same repeat (so a busy machine moves both alike):
   mask in the activation dtype;
 - drafting one round alone, per drafter kind, against a chain of the same
   depth (4): chain b=5, the spine, [2,1,1,1], the confidence tree of budget 4
-  and of budget 8 (depth 8, against chain b=9);
+  and of budget 8 (depth 8, against chain b=9); and the host graph building
+  alone of the rounds drafted on the device (chain b=5, the spine,
+  [2,1,1,1]), nothing started while it is built, against chain b=5's: what
+  of a tree's drafting is host work where the device waits on the host;
 - commit: the target's commit of the first-choice path (a trim) and of a
   branch (rows moved) of the 9-node tree, against the verify; the branch
   again with its rows read from the caches' buffers (``commit_path`` with no
@@ -29,12 +32,15 @@ reference's time in the same repeat (so a busy machine moves both alike):
 
 Load-independent figures printed with them: draft forwards per round, host
 evaluations (``mx.eval`` calls) per drafting round and per commit, and the
-number of primitives in the verify graph against the plain forward's
-(``mx.export_to_dot``).
+number of primitives in the verify graph against the plain forward's and in
+one drafting round's graph per drafter (``mx.export_to_dot``; on a GPU about
+one kernel each, so on a launch-bound draft model a count of its launches;
+MLX's CPU backend spells some fused ops, rope, norms, attention, as several).
 """
 
 import argparse
 import os
+from contextlib import contextmanager
 import statistics
 import time
 
@@ -65,6 +71,68 @@ def counted_eval(*args, **kwargs):
 
 
 mx.eval = counted_eval  # this script's own counter of host evaluations
+
+
+# Drafters whose rounds are built without a host evaluation (the device
+# rounds): their graph building can be timed apart from the device's work.
+DRAFTING_BUILT = ("chain b=5", "spine (depth 4)", "[2,1,1,1] (depth 4)")
+
+
+@contextmanager
+def nothing_started():
+    """No ``mx.async_eval`` starts anything: a drafting round's levels stay
+    one lazy graph until the caller evaluates it."""
+    started = mx.async_eval
+    mx.async_eval = lambda *arrays: None
+    try:
+        yield
+    finally:
+        mx.async_eval = started
+
+
+def finish_round(drafter, rnd, before):
+    """Evaluate what a round left lazy and put the draft cache back."""
+    _eval(rnd.device_tokens if rnd.device_tokens is not None else mx.array(0),
+          [c.state for c in drafter.cache])
+    trim_prompt_cache(drafter.cache, drafter.cache[0].offset - before)
+    drafter.pending = []
+
+
+def drafting_built(drafter):
+    """Host time to build one drafting round's graph, nothing evaluated
+    while it is built (evaluated, untimed, after)."""
+    def step():
+        before = drafter.cache[0].offset
+        with nothing_started():
+            t0 = time.perf_counter()
+            rnd = drafter.draft(7)
+            dt = time.perf_counter() - t0
+        finish_round(drafter, rnd, before)
+        return dt
+    return step
+
+
+def drafting_census(drafter) -> int:
+    """Primitives in one drafting round's graph: every level's, counted in
+    what the round evaluates (a device round's tokens; the confidence
+    tree's one evaluation at its end), with no level started on its own."""
+    before = drafter.cache[0].offset
+    seen = []
+
+    def counted(*arrays):
+        seen.append(sum(primitives(*arrays).values()))
+        return _eval(*arrays)
+
+    with nothing_started():
+        mx.eval = counted
+        try:
+            rnd = drafter.draft(7)
+        finally:
+            mx.eval = counted_eval
+        if rnd.device_tokens is not None:
+            seen.append(sum(primitives(rnd.device_tokens).values()))
+    finish_round(drafter, rnd, before)
+    return sum(seen)
 
 
 def main():
@@ -187,7 +255,7 @@ def main():
                 "[2,1,1,1] (depth 4)": dict(mode="tree", branching=BRANCHING),
                 "confidence n=4 (depth 4)": dict(mode="tree", budget=4),
                 "confidence n=8 (depth 8)": dict(mode="tree", budget=8)}
-    counts = {}
+    counts, census = {}, {}
     for name, kw in drafters.items():
         kw = dict(kw)
         drafter = make_drafter(kw.pop("mode"), **kw)
@@ -207,6 +275,12 @@ def main():
         if name != "chain b=5" and name != "chain b=9":
             refs[key] = "drafting round, chain b=9" if "depth 8" in name else \
                 "drafting round, chain b=5"
+        census[name] = drafting_census(drafter)
+        if name in DRAFTING_BUILT:
+            key = f"drafting round, host graph building, {name}"
+            timed[key] = drafting_built(drafter)
+            if name != "chain b=5":
+                refs[key] = "drafting round, host graph building, chain b=5"
 
     # -- commit -------------------------------------------------------------
     commit_evals = {}
@@ -263,6 +337,11 @@ def main():
         print(f"{n:58} {med[n]:8.3f} ms{shown(n)}{extra}")
     print(f"\ngraph primitives, verify of the 9-node spine {g_verify} against a plain 9-token "
           f"forward {g_plain} (x{g_verify / g_plain:.2f})")
+    print("graph primitives, one drafting round (every level's graph, the draft "
+          "forwards' included): " + ", ".join(
+              f"{name} {n}" + (f" (+{n - census['chain b=5']} over chain b=5)"
+                               if "depth 4" in name else "")
+              for name, n in census.items()))
 
 
 if __name__ == "__main__":
