@@ -13,6 +13,9 @@ Inputs, all measured in the calling process:
 2. a short greedy calibration on prompts of its own (not the bench's): classic, a
    chain at the smallest and the largest block, and the confidence tree at the
    largest budget, interleaved over ``repeats`` (timings: the minimum over repeats), giving
+   - the target's greedy text of each prompt, which one draft forward per prompt turns
+     into what any spine would emit on it (``treespec.emission``): spines of depth
+     2..max_block-1 are priced without a run of their own,
    - per-depth acceptance of the chain (so the emitted count of every smaller block),
    - the accepted root path and the draft's cumulative log-probabilities of every
      round of the confidence tree (so the emitted count of every smaller budget: a
@@ -36,10 +39,11 @@ from typing import Callable, Optional, Sequence
 
 from . import gate
 from .auto_calibrate import CALIBRATION_PROMPTS, calibrate, measured_tok_s
-from .auto_model import (Candidate, explain, monotone, per_depth, pick, pick_measured, predict,
-                         runoff_finalists)
+from .auto_model import (Candidate, emitted_replayed, explain, monotone, per_depth, pick,
+                         pick_measured, predict, runoff_finalists, spine)
 from .costcurve import verify_cost_curve
 from .draft import FixedTreeDrafter, fixed_shape, make_drafter
+from .emission import draft_ranks
 
 
 def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer=None,
@@ -47,14 +51,16 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
            trees: Sequence[Sequence[int]] = (), allow_classic: bool = True,
            allow_inexact: bool = False, margin: float = 0.05, eos_token_ids=None,
            decide: Optional[Callable] = None, runoff: float = 0.9, runoff_floor: float = 0.8,
-           max_runoff: int = 4,
+           max_runoff: int = 4, spines: bool = True,
            log: Callable[[str], None] = lambda s: None,
            deadline: Optional[float] = None) -> dict:
     """Measure, predict, gate, choose. Returns
     ``dict(mode, block, budget, branching, width, reason, predicted, details)``;
     ``decode_kwargs(result)`` feeds ``treespec.decode.decode``. ``prompts``: token
     lists or strings (with ``tokenizer``); default CALIBRATION_PROMPTS. ``decide``:
-    the exactness gate (default ``treespec.gate.decide``)."""
+    the exactness gate (default ``treespec.gate.decide``). ``spines``: also
+    price the spines of depth 2..max_block-1 that ``trees`` does not name,
+    from the calibration's texts replayed (no run of their own)."""
     decide = decide if decide is not None else gate.decide
     if max_block < 2:
         raise ValueError(f"max_block must be >= 2, got {max_block}")
@@ -66,7 +72,9 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
         eos_token_ids = list(tokenizer.eos_token_ids)
 
     fixed_sizes = [FixedTreeDrafter(**fixed_shape(t)).budget() + 1 for t in trees]
-    t_max = max([max_block] + fixed_sizes)
+    given = {tuple(int(x) for x in t) for t in trees}
+    depths = [d for d in range(2, max_block) if spine(d) not in given] if spines else []
+    t_max = max([max_block] + fixed_sizes + [2 * d + 1 for d in depths])
     t0 = time.perf_counter()
     curve_rows = verify_cost_curve(target, tuple(range(1, t_max + 1)), context=64,
                                    repeats=9, warmup=2)
@@ -91,8 +99,16 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
     chains = [c for c in cal if c["kind"] == "chain"]
     tree = next((c for c in cal if c["kind"] == "confidence"), None)
     fixed = [c for c in cal if c["kind"] == "fixed"]
+    replayed = []
+    if depths:
+        # The target's greedy text of each calibration prompt (classic's; a
+        # chain's equals it under greedy decoding), ranked by the draft model
+        # in one forward per prompt: what any spine would emit on it.
+        texts = (classic or max(chains, key=lambda c: c["block"]))["texts"]
+        ranks = [draft_ranks(draft_model, p, t) for p, t in zip(prompts, texts) if t]
+        replayed = [{"depth": d, "emitted": emitted_replayed(spine(d), ranks)} for d in depths]
     cands = predict(curve, classic["ms_per_token"] if classic else None, chains, tree, fixed,
-                    max_block=max_block, width=width)
+                    max_block=max_block, width=width, spines=replayed)
 
     def eligible(c):
         d = decide(target, _drafter_for(c).probe_shapes(), allow_inexact=allow_inexact)

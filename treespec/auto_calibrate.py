@@ -1,6 +1,6 @@
 """auto's calibration: short interleaved greedy runs of classic, two chains,
-the confidence tree and any fixed trees, timed per round (treespec.auto
-turns them into predictions)."""
+the confidence tree and any fixed trees, timed per round, with the texts
+they decoded (treespec.auto turns them into predictions)."""
 
 import statistics
 import time
@@ -30,15 +30,16 @@ def calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log
         if spec["kind"] == "classic":
             # mlx-lm's generate_step, greedy; steady state: from the first token
             # (prefill done) to the last, as the speculative rounds exclude prefill.
-            stamps, eos_set = [], set(eos or ())
+            stamps, eos_set, text = [], set(eos or ()), []
             t0 = time.perf_counter()
             for tok, _ in generate_step(mx.array(prompt), target, max_tokens=mt,
                                         sampler=lambda lp: mx.argmax(lp, axis=-1)):
                 stamps.append(time.perf_counter())
-                if int(tok) in eos_set:
+                text.append(int(tok))
+                if text[-1] in eos_set:
                     break
             return {"tokens": len(stamps), "wall": stamps[-1] - t0,
-                    "steady": stamps[-1] - stamps[0], "steps": len(stamps) - 1}
+                    "steady": stamps[-1] - stamps[0], "steps": len(stamps) - 1, "text": text}
         if spec["kind"] == "chain":
             d, mode = ChainDrafter(spec["block"]), "chain"
         elif spec["kind"] == "confidence":
@@ -56,7 +57,7 @@ def calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log
         wall = time.perf_counter() - t0
         s = r.stats
         return {"tokens": len(r.tokens), "wall": wall, "rounds": s.rounds, "time": dict(s.time_ms),
-                "proposed": s.proposed, "emitted": s.emitted,
+                "proposed": s.proposed, "emitted": s.emitted, "text": r.tokens,
                 "records": records if keep and spec["kind"] != "fixed" else None}
 
     for spec in specs:  # warm-up
@@ -75,6 +76,9 @@ def calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log
         reps = acc[i]
         first = reps[0]
         res = dict(spec)
+        # What the first repeat decoded, per prompt: the text auto replays
+        # shapes it never ran on (treespec.emission).
+        res["texts"] = [x["text"] for x in first]
         if spec["kind"] == "classic":
             res["ms_per_token"] = min(
                 1e3 * sum(x["steady"] for x in rep) / max(1, sum(x["steps"] for x in rep))

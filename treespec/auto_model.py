@@ -2,7 +2,7 @@
 measurements in, candidates out; ``treespec.auto`` measures and calls it).
 
 The model, per candidate (chain b = 2..max_block, confidence tree n = 1..max_block-1,
-fixed trees when asked, and classic):
+fixed trees when asked, spines of depth 2..max_block-1, and classic):
 
     tokens per ms = E[emitted per round] / (verify(T) + draft + other)
 
@@ -11,7 +11,9 @@ fitted on the two measured chains (their sum is what counts: a chain round runs 
 verifying as one graph, so its draft column holds most of the verify); a confidence tree's
 verify forward is cost(T) of its mean width, and the rest of its measured round (draft and verify
 columns less cost(T)) is drafting, proportional to the number of expansion steps; fixed trees are
-taken as measured. Classic is its measured time per token. All of it is steady
+taken as measured; a spine never run emits what the replay of the calibration's texts
+says (``treespec.emission``) and costs the chain round of its depth with a verify of its
+width. Classic is its measured time per token. All of it is steady
 state: prefill is left out of every figure (a speculative run also prefills the draft
 model, a cost that a short generation feels and a long one does not).
 
@@ -29,6 +31,8 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .draft import fixed_shape, shape_name
+from .emission import rounds as replayed_rounds
+from .tree import first_choice_order, renumbered
 
 KIND_RANK = {"classic": 0, "chain": 1, "fixed": 2, "confidence": 3}
 
@@ -48,7 +52,7 @@ class Candidate:
     verify_ms: float = 0.0
     draft_ms: float = 0.0
     other_ms: float = 0.0
-    source: str = "model"  # measured | model
+    source: str = "model"  # measured | model | replay (emitted replayed, costs modelled)
     eligible: Optional[bool] = None  # probe verdict, once asked
     why: Optional[str] = None
 
@@ -135,6 +139,29 @@ def emitted_by_budget(records: Sequence[tuple], max_budget: int) -> List[float]:
     return out
 
 
+def spine(depth: int) -> tuple:
+    """The parent list of the spine of ``depth``: a chain of first choices,
+    each with its second choice beside it as a leaf, spelled as ``--trees``
+    takes it ([-1, 0, 0, 1, 1, 3, 3] for depth 3)."""
+    parents, node = [-1], 0
+    for _ in range(depth):
+        parents += [node, node]
+        node = len(parents) - 2
+    return tuple(parents)
+
+
+def emitted_replayed(parents: Sequence[int], ranks: Sequence) -> float:
+    """Mean tokens per round a fixed shape emits over the texts whose draft
+    ranks are ``ranks`` (one array per text, ``treespec.emission.draft_ranks``),
+    the shape laid out in first-choice order as its drafter verifies it; a
+    round loop of each text's length (``treespec.emission.rounds``)."""
+    shape = renumbered(list(parents), first_choice_order(list(parents)))
+    per = [e for r in ranks if len(r) for e in replayed_rounds(shape, r, len(r))]
+    if not per:
+        raise ValueError("no text to replay")
+    return sum(per) / len(per)
+
+
 def monotone(curve: Dict[int, float]) -> Dict[int, float]:
     """The closest non-decreasing curve in least squares (pool adjacent
     violators), keyed like ``curve``."""
@@ -174,7 +201,8 @@ def _interp(curve: Dict[int, float], t: float) -> float:
 
 def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequence[dict],
             tree: Optional[dict] = None, fixed: Sequence[dict] = (),
-            max_block: int = 8, width: int = 4) -> List[Candidate]:
+            max_block: int = 8, width: int = 4,
+            spines: Sequence[dict] = ()) -> List[Candidate]:
     """Every candidate's predicted throughput. Pure: synthetic inputs welcome.
 
     curve: {T: ms of one target forward over T tokens}.
@@ -187,6 +215,12 @@ def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequen
         forwards per round: one per depth, the root's and one per frontier)}.
     fixed: measured fixed-tree runs {branching, budget, emitted, nodes, verify_ms,
         draft_ms, other_ms}.
+    spines: spines never run, {depth, emitted} (emitted replayed from the
+        texts: ``emitted_replayed``), depth at most max_block - 1. A spine of
+        depth d drafts as the chain of block d + 1 does (one one-token draft
+        forward per depth: its fed nodes are its first choices) and verifies
+        2d + 1 nodes: that chain's round, its verify moved along the line
+        through the chains to T = 2d + 1.
     """
     if not chains:
         raise ValueError("predict needs at least one measured chain")
@@ -245,6 +279,16 @@ def predict(curve: Dict[int, float], classic_ms: Optional[float], chains: Sequen
                 # (treespec.draft.confidence)
                 draft_ms=drafting * min(n, steps) / steps,
                 other_ms=tree["other_ms"], source="measured" if n == big else "model"))
+    chain_of = {c.block: c for c in cands if c.kind == "chain"}
+    for sp in spines:
+        d = sp["depth"]
+        if not 1 <= d < max_block:
+            raise ValueError(f"a spine's depth must be 1..max_block - 1 = {max_block - 1}, got {d}")
+        c = chain_of[d + 1]
+        cands.append(Candidate(
+            "fixed", budget=2 * d, branching=spine(d), nodes=2 * d + 1, emitted=sp["emitted"],
+            verify_ms=c.verify_ms + verify_at(2 * d + 1) - verify_at(d + 1),
+            draft_ms=c.draft_ms, other_ms=c.other_ms, source="replay"))
     for f in fixed:
         cands.append(Candidate(
             "fixed", budget=f["budget"], branching=tuple(f["branching"]), nodes=f["nodes"],
