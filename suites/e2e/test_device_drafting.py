@@ -320,6 +320,23 @@ def test_the_confidence_tree_feeds_and_ranks_only_what_can_be_kept(on_device, bo
     assert not all(same for same, _ in rounds())
 
 
+def test_confidence_levels_re_arm_the_adapters_rope_stand_ins():
+    """A confidence round's frontier forwards take their rope stand-ins
+    from the draft adapter's pool (one per rope owner, re-armed), as a
+    fixed tree's levels and the adapter's verifies do, instead of building
+    one per rope per level; the next round re-arms the same ones."""
+    model = helpers.model("llama")
+    prompt = list(helpers.tokens(10, seed=2))
+    drafter = ConfidenceDrafter(4, width=2)
+    drafter.start(model, prompt[:-1])
+    rnd = drafter.draft(prompt[-1])
+    pool = dict(drafter.adapter.rope_pool)
+    assert len(pool) == len(model.layers)  # one rope per attention
+    drafter.commit(rnd, [0])
+    drafter.draft(rnd.tree.tokens[0])
+    assert all(drafter.adapter.rope_pool[k] is v for k, v in pool.items())
+
+
 @pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5"])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 def test_on_a_cache_fed_whole_the_device_round_is_the_host_round(family, shape):

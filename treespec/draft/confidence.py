@@ -273,7 +273,7 @@ class ConfidenceDrafter(_TopKTree):
         # for them would find none, once per depth)
         with self.level_turn(), injected(self.model, self.cache, depths, mask_fn,
                                          self.adapter.family.rope_attr, owners,
-                                         positions=[]) as probe:
+                                         positions=[], rope_pool=self.adapter.rope_pool) as probe:
             logits = self.model(tokens[None], cache=self.cache)[0]
             probe()
         return logits

@@ -113,6 +113,13 @@ class TreeAdapter:
         # adapter while the owners are those of the last walk.
         self._rope_pool: dict = {}
 
+    @property
+    def rope_pool(self) -> dict:
+        """The rope stand-ins this adapter re-arms (id(rope owner) ->
+        TreeRoPE), for an injection of the owners its last ``check``
+        returned (a new dict whenever the module tree changed)."""
+        return self._rope_pool
+
     def vocab(self) -> int:
         """The width of the model's logits: node tokens must be below it."""
         if self._vocab is None:
@@ -355,7 +362,7 @@ class TreeAdapter:
         return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
                              self._positions, plans=plans, ropes=ropes,
                              one_token=self._one_token if ropes else (),
-                             rope_pool=self._rope_pool)
+                             rope_pool=self.rope_pool)
 
     @taking_turns
     def commit(
