@@ -4,15 +4,17 @@ offsets, attention arrays, rotating rings and recurrent states byte for byte
 those of an untouched copy, so a retry gives the untouched copy's logits and
 commit. Trees branching and linear (a plain forward), and a root-only tree
 (a ring's in-place write), on llama, gemma3_text (its window wrapped) and
-qwen3_5 (recurrent)."""
+qwen3_5 (recurrent). And ``put_back`` alone, per cache mode."""
 
 from contextlib import contextmanager
 
 import mlx.core as mx
 import pytest
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
 
 from suites.guards import helpers
 from suites.guards.helpers import Fault, Raises
+from treespec import caches
 from treespec.audit.states import clone, fingerprint, plain
 from treespec.models import prefilled
 from treespec.tree import DraftTree
@@ -101,3 +103,33 @@ def test_a_fault_inside_verify_leaves_every_cache_as_it_was(family, point, tree_
     adapter.commit(cache, tree, path)
     reference.commit(untouched, tree, path)
     assert mx.array_equal(plain(model, cache, [7, 8]), plain(model, untouched, [7, 8])).item()
+
+
+def _written(c, n):
+    """``n`` one-token updates of ``c``, as a forward's layer writes them."""
+    for t in range(n):
+        k = mx.full((1, 2, 1, 32), float(t + 1))
+        c.update_and_fetch(k, -k)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: KVCache(),
+    lambda: QuantizedKVCache(group_size=32, bits=8),
+    lambda: RotatingKVCache(max_size=4),
+], ids=["kv", "quantized", "rotating"])
+@pytest.mark.parametrize("writes", [1, 300], ids=["in-place", "past-the-buffer"])
+def test_put_back_undoes_in_place_writes_new_arrays_and_new_attributes(make, writes):
+    """What ``restored_on_error`` relies on, per cache mode: after a hold,
+    writes (in place inside the buffer, or growing it into new arrays) and an
+    attribute a forward set are undone byte for byte by ``put_back``, rows
+    past the offset included (an appending cache's own hold, arrays kept by
+    copy, not by reference; the others every attribute)."""
+    c = make()
+    _written(c, 5)
+    mx.eval([a for a in vars(c).values() if isinstance(a, mx.array)])
+    before = fingerprint([c])
+    held = caches.hold([c])
+    _written(c, writes)
+    c.stray = 1
+    caches.put_back(held)
+    assert fingerprint([c]) == before

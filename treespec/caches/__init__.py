@@ -14,10 +14,13 @@ module asks ``isinstance`` of a cache:
     whole_trees_only          a verify must feed a tree in one update
     save(c) / restore(c, s)   put it back exactly as it is now (the drafter, per round)
     snapshot(c)               references to the pre-verify state a commit needs
+    hold(c) / put_back(c, h)  a mode's own cheaper hold (see below), or None
     plan_commit(...)          validate a commit of the accepted path; return its writes
 
-and, for every mode alike, ``hold(cache)`` / ``put_back(held)``: every
-attribute as it is now, to undo a forward that raised (treespec.verify.guard).
+and ``hold(cache)`` / ``put_back(held)``: every cache as it is now, to undo
+a forward that raised (treespec.verify.guard): its mode's own hold where it
+has one (an appending cache: its arrays by reference and its offset), else
+every attribute.
 
 Lookup is by exact class (:func:`mode_of`): a subclass may change the layout
 these entries rely on, so it gets no entry and is refused by whoever asks.
@@ -49,7 +52,7 @@ from mlx_lm.models.cache import (
 
 from ..rows import Tail
 from .attention import Appending, Chunked, Concatenate, Rotating, rotating_kept, rotating_present
-from .base import Mode, refuse
+from .base import Mode, _copy_array, refuse
 from .recurrent import Arrays
 
 __all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts", "hold",
@@ -202,11 +205,6 @@ class _Held:
         self.attrs = {k: _held(v) for k, v in vars(c).items()}
 
 
-# ``copy`` of an mx.array shares its buffer and keeps the value it has now:
-# an in-place update (``a[..., i:j, :] = b``, as KVCache and a ring's
-# one-token step write) gives the original Python object a new value and
-# leaves the copy's alone. No data is copied.
-_copy_array = mx.array.__copy__
 
 
 def _held(v):
@@ -233,19 +231,31 @@ def _restored(v):
 
 
 def hold(cache: Sequence) -> list:
-    """Every cache's attributes as they are now, for :func:`put_back`.
+    """Every cache as it is now, for :func:`put_back`: its mode's own hold
+    where it has one (``Mode.hold``: an appending cache's arrays and offset,
+    its only state a reader sees), else its attributes.
 
     All mlx-lm caches keep their whole state in instance attributes (arrays,
     offsets, ring indices, lists of recurrent slots, a CacheList's caches),
     so holding the attributes, arrays by reference to their current values,
     holds the state. Costs no copy; once dropped, nothing of it remains."""
-    return [_Held(c) for c in cache]
+    held = []
+    for c in cache:
+        mode = mode_of(c)
+        own = mode.hold(c)
+        held.append(_Held(c) if own is None else (mode, c, own))
+    return held
 
 
 def put_back(held: list) -> None:
     """Make every held cache what it was when :func:`hold` was called:
     offsets, rings, recurrent slots, and arrays with the values they had
     (whatever was written into them since: while the hold references a
-    buffer, no evaluation can reuse it for a write)."""
+    buffer, no evaluation can reuse it for a write; an appending cache's
+    writes past its offset are never read)."""
     for h in held:
-        _restored(h)
+        if type(h) is tuple:
+            mode, c, own = h
+            mode.put_back(c, own)
+        else:
+            _restored(h)

@@ -8,7 +8,7 @@ from mlx_lm.models.cache import RotatingKVCache
 from ..errors import TreeRefused
 from ..ring import Ring, committed, layout, ring_of
 from ..rows import move_keys_values
-from .base import Mode, _batch_refusal, _check_tail, _nothing, refuse
+from .base import Mode, _batch_refusal, _check_tail, _nothing, kept, refuse
 
 
 class Appending(Mode):
@@ -33,6 +33,17 @@ class Appending(Mode):
 
     def restore(self, c, saved):
         c.offset = saved
+
+    def hold(self, c):
+        # Its whole state, without walking its attributes: the arrays as
+        # they are now (``kept``), the offset, and the attribute names (a
+        # forward that set a new one loses it; ``step`` never changes).
+        return kept(c.keys), kept(c.values), c.offset, tuple(vars(c))
+
+    def put_back(self, c, held) -> None:
+        c.keys, c.values, c.offset, names = held
+        for name in [k for k in vars(c) if k not in names]:
+            delattr(c, name)
 
     def plan_commit(self, c, where, tail, entry, recurrent, start_position=0):
         _check_tail(c, where, tail)
@@ -72,6 +83,10 @@ class Chunked(Appending):
 
     def restore(self, c, saved):
         return Mode.restore(self, c, saved)
+
+    def hold(self, c):
+        # Its forward may drop the front rows (maybe_trim_front): every attribute.
+        return Mode.hold(self, c)
 
     def snapshot(self, c):
         return c.start_position

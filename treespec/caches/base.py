@@ -10,6 +10,23 @@ from ..errors import RollbackRefused
 from ..rows import Tail
 
 
+# ``copy`` of an mx.array shares its buffer and keeps the value it has now:
+# an in-place update (``a[..., i:j, :] = b``, as KVCache and a ring's
+# one-token step write) gives the original Python object a new value and
+# leaves the copy's alone. No data is copied.
+_copy_array = mx.array.__copy__
+
+
+def kept(v):
+    """An attention cache's keys or values (an array, a quantized
+    (packed, scales, biases) list, or None) as they are now, through any
+    later in-place write."""
+    if v is None:
+        return None
+    kind = type(v)
+    return kind(map(_copy_array, v)) if kind is tuple or kind is list else _copy_array(v)
+
+
 def refuse(c, where, reason):
     raise RollbackRefused(reason, type(c).__name__, where)
 
@@ -97,6 +114,15 @@ class Mode:
 
     def snapshot(self, c):
         return None
+
+    def hold(self, c):
+        """A cheaper exact hold of ``c`` than every attribute
+        (``treespec.caches.hold``), for :meth:`put_back`; None: hold every
+        attribute."""
+        return None
+
+    def put_back(self, c, held) -> None:
+        raise TypeError(f"{type(self).__name__} has no hold of its own")
 
     def plan_commit(self, c, where, tail: Tail, entry, recurrent):
         refuse(c, where, "unknown cache class: no exact rollback is known for it")

@@ -12,8 +12,8 @@ Python part of its work (building the graph and putting the modules back;
 the caller evaluates the logits after the lock is released).
 
 Faults: :func:`restored_on_error`, entered before a verify's forward (its
-refusals come earlier and write nothing), holds every cache's attributes
-(``treespec.caches.hold``: references, no copy) and puts them back if the
+refusals come earlier and write nothing), holds every cache's state
+(``treespec.caches.hold``: no data copied) and puts it back if the
 forward raises, wherever in it (a layer, a mask, a mixer, the injection's
 probe), so every offset, array, ring and recurrent slot is what it was and a
 retry is the same verify. The cache writes are only built there, never
