@@ -11,18 +11,46 @@ plain forward over the 3 tokens and ``trim_prompt_cache``. Both are
 evaluated untimed between. Medians, and their differences: the per-round
 host work treespec adds on the round's critical path where the host builds
 the graph slower than the device runs the drafts (the H200 at 4096x32).
+Then the pieces of treespec's verify, each timed where it runs (right after
+the previous round's forward, as in a decode): the cache check, the ring
+plans, the snapshot, the hold that puts the caches back if the forward
+raises.
 """
 
 import argparse
+import functools
 import statistics
 import time
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+from treespec import caches, rollback
 from treespec.costcurve import build_llama
 from treespec.tree import DraftTree
+from treespec.verify import adapter as adapter_module
 from treespec.verify.adapter import adapter_for
+
+PIECES = {}  # name -> seconds of each call, while timed_pieces() is on
+
+
+def timed(name, f):
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = f(*args, **kwargs)
+        PIECES.setdefault(name, []).append(time.perf_counter() - t0)
+        return out
+    return wrapped
+
+
+def timed_pieces():
+    """Wrap the verify's pieces with timers (this script's own process only)."""
+    cls = adapter_module.TreeAdapter
+    cls._checked = timed("cache check (_checked)", cls._checked)
+    cls._plans = timed("ring plans (_plans)", cls._plans)
+    rollback.snapshot = timed("snapshot", rollback.snapshot)
+    caches.hold = timed("hold (caches.hold)", caches.hold)
 
 
 def main():
@@ -71,6 +99,12 @@ def main():
         print(f"{k:9} verify graph building {build:.3f} ms  commit {commit:.3f} ms")
     print(f"treespec adds {med['treespec'][0] - med['mlx-lm'][0]:.3f} ms of graph building and "
           f"{med['treespec'][1] - med['mlx-lm'][1]:.3f} ms of commit a round")
+    timed_pieces()
+    for _ in range(args.repeats):
+        treespec_round()
+        mlx_lm_round()  # a plain forward in between, as the rounds above
+    print("pieces of treespec's verify, timed in place (medians): " + ", ".join(
+        f"{name} {statistics.median(v) * 1e6:.1f} us" for name, v in PIECES.items()))
 
 
 if __name__ == "__main__":
