@@ -91,9 +91,8 @@ def nothing_started():
 
 
 def finish_round(drafter, rnd, before):
-    """Evaluate what a round left lazy and put the draft cache back."""
-    _eval(rnd.device_tokens if rnd.device_tokens is not None else mx.array(0),
-          [c.state for c in drafter.cache])
+    """Evaluate a round's tokens and put the draft cache back."""
+    _eval(rnd.device_tokens if rnd.device_tokens is not None else mx.array(0))
     trim_prompt_cache(drafter.cache, drafter.cache[0].offset - before)
     drafter.pending = []
 
@@ -266,9 +265,7 @@ def main():
             e0 = _evals[0]
             rnd = drafter.draft(7)
             counts[name] = (rnd.forwards, _evals[0] - e0)
-            _eval(rnd.device_tokens if rnd.device_tokens is not None else mx.array(0))
-            trim_prompt_cache(drafter.cache, drafter.cache[0].offset - before)
-            drafter.pending = []
+            finish_round(drafter, rnd, before)
 
         key = f"drafting round, {name}"
         items[key] = round_alone

@@ -30,9 +30,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .draft import fixed_shape, shape_name
+from .draft import FixedTreeDrafter, fixed_shape, shape_name
 from .emission import rounds as replayed_rounds
-from .tree import first_choice_order, renumbered
 
 KIND_RANK = {"classic": 0, "chain": 1, "fixed": 2, "confidence": 3}
 
@@ -155,7 +154,7 @@ def emitted_replayed(parents: Sequence[int], ranks: Sequence) -> float:
     ranks are ``ranks`` (one array per text, ``treespec.emission.draft_ranks``),
     the shape laid out in first-choice order as its drafter verifies it; a
     round loop of each text's length (``treespec.emission.rounds``)."""
-    shape = renumbered(list(parents), first_choice_order(list(parents)))
+    shape = FixedTreeDrafter(parents=parents).shape
     per = [e for r in ranks if len(r) for e in replayed_rounds(shape, r, len(r))]
     if not per:
         raise ValueError("no text to replay")

@@ -19,8 +19,8 @@ module asks ``isinstance`` of a cache:
 
 and ``hold(cache)`` / ``put_back(held)``: every cache as it is now, to undo
 a forward that raised (treespec.verify.guard): its mode's own hold where it
-has one (an appending cache: its arrays by reference and its offset), else
-every attribute.
+has one (an appending cache: its arrays, kept by copy, and its offset),
+else every attribute.
 
 Lookup is by exact class (:func:`mode_of`): a subclass may change the layout
 these entries rely on, so it gets no entry and is refused by whoever asks.
@@ -203,8 +203,6 @@ class _Held:
     def __init__(self, c):
         self.c = c
         self.attrs = {k: _held(v) for k, v in vars(c).items()}
-
-
 
 
 def _held(v):
