@@ -40,6 +40,7 @@ MLX's CPU backend spells some fused ops, rope, norms, attention, as several).
 
 import argparse
 import os
+from collections import Counter
 from contextlib import contextmanager
 import statistics
 import time
@@ -111,15 +112,16 @@ def drafting_built(drafter):
     return step
 
 
-def drafting_census(drafter) -> int:
-    """Primitives in one drafting round's graph: every level's, counted in
-    what the round evaluates (a device round's tokens; the confidence
-    tree's one evaluation at its end), with no level started on its own."""
+def drafting_census(drafter) -> Counter:
+    """Primitives in one drafting round's graph, by name: every level's,
+    counted in what the round evaluates (a device round's tokens; the
+    confidence tree's one evaluation at its end), with no level started on
+    its own."""
     before = drafter.cache[0].offset
-    seen = []
+    seen = Counter()
 
     def counted(*arrays):
-        seen.append(sum(primitives(*arrays).values()))
+        seen.update(primitives(*arrays))
         return _eval(*arrays)
 
     with nothing_started():
@@ -129,9 +131,9 @@ def drafting_census(drafter) -> int:
         finally:
             mx.eval = counted_eval
         if rnd.device_tokens is not None:
-            seen.append(sum(primitives(rnd.device_tokens).values()))
+            seen.update(primitives(rnd.device_tokens))
     finish_round(drafter, rnd, before)
-    return sum(seen)
+    return seen
 
 
 def main():
@@ -334,12 +336,18 @@ def main():
         print(f"{n:58} {med[n]:8.3f} ms{shown(n)}{extra}")
     print(f"\ngraph primitives, verify of the 9-node spine {g_verify} against a plain 9-token "
           f"forward {g_plain} (x{g_verify / g_plain:.2f})")
+    total = {name: sum(c.values()) for name, c in census.items()}
     print("graph primitives, one drafting round (every level's graph, the draft "
           "forwards' included): " + ", ".join(
-              f"{name} {n}" + (f" (+{n - census['chain b=5']} over chain b=5)"
+              f"{name} {n}" + (f" (+{n - total['chain b=5']} over chain b=5)"
                                if "depth 4" in name else "")
-              for name, n in census.items()))
-
+              for name, n in total.items()))
+    base = census["chain b=5"]
+    for name, c in census.items():
+        if "depth 4" in name:  # which primitives a depth-4 tree adds, by name
+            diff = sorted(((c[k] - base[k], k) for k in set(c) | set(base)
+                           if c[k] != base[k]), key=lambda t: (-abs(t[0]), t[1]))
+            print(f"  {name} - chain b=5: " + ", ".join(f"{k} {v:+d}" for v, k in diff))
 
 if __name__ == "__main__":
     main()

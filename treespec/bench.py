@@ -120,13 +120,15 @@ class Config:
 
 
 def build_configs(blocks: Sequence[int], trees: Sequence[tuple] = FIXED_TREES, width: int = 4,
-                  mlx_lm: bool = True) -> List[Config]:
+                  mlx_lm: bool = True, confidence: bool = True) -> List[Config]:
     configs = [Config("classic", "classic")]
     configs += [Config(f"chain b={b}", "chain", block=b, budget=b - 1) for b in blocks]
     for t in trees:
         n = FixedTreeDrafter(**fixed_shape(t)).budget()
         configs.append(Config(f"fixed {shape_name(t)}", "fixed", branching=tuple(t), budget=n))
-    configs += [Config(f"conf n={b - 1}", "confidence", budget=b - 1, width=width) for b in blocks]
+    if confidence:
+        configs += [Config(f"conf n={b - 1}", "confidence", budget=b - 1, width=width)
+                    for b in blocks]
     if mlx_lm:
         configs += [Config(f"mlx-lm b={b}", "mlx-lm", block=b, budget=b - 1) for b in blocks]
     return configs

@@ -39,6 +39,10 @@ def cmd_bench(args) -> int:
         model_path, draft_path = default_pair()
     elif draft_path is None and args.scaled is None:
         raise UsageError("--model given without --draft-model: bench compares speculative modes")
+    if args.width is not None and args.no_confidence and args.no_auto:
+        raise UsageError("--width sets the confidence trees' width, and --no-confidence with "
+                         "--no-auto leaves no confidence tree to run")
+    width = 4 if args.width is None else args.width
     if args.prompts < 1 or args.prompts > len(PROMPTS):
         raise UsageError(f"--prompts must be 1..{len(PROMPTS)}")
     machine = machine_info()
@@ -81,13 +85,14 @@ def cmd_bench(args) -> int:
         say(format_curve(curve, f"target, {time.perf_counter() - t0:.1f}s"))
         report_extra["verify_curve"] = curve
 
-    configs = build_configs(args.blocks, args.trees, args.width, mlx_lm=not args.no_mlx_lm)
+    configs = build_configs(args.blocks, args.trees, width, mlx_lm=not args.no_mlx_lm,
+                            confidence=not args.no_confidence)
     gate = SharedProbe()
     if not args.no_auto:
         t0 = time.perf_counter()
         choice = auto.choose(target, draft, auto_prompts, tokenizer=tokenizer,
                              max_block=max(args.blocks), trees=args.trees,
-                             width=args.width, allow_inexact=args.allow_inexact,
+                             width=width, allow_inexact=args.allow_inexact,
                              eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s),
                              deadline=deadline)
         say(f"auto ({time.perf_counter() - t0:.1f}s calibration): {describe_choice(choice)}: "

@@ -147,29 +147,31 @@ def _f(v, fmt="{:.2f}", none="-"):
 
 
 def format_table(report: dict) -> str:
-    head = (f"{'config':<26} {'exact':<11} {'accept':>6} {'emit/v':>6} {'nodes':>5} "
+    # as wide as the longest name: parent lists of deep spines differ only at their ends
+    w = max([26] + [len(r["name"]) for r in report["rows"]])
+    head = (f"{'config':<{w}} {'exact':<11} {'accept':>6} {'emit/v':>6} {'nodes':>5} "
             f"{'draft':>6} {'verify':>6} {'walk':>5} {'commit':>6} {'round':>6} "
             f"{'tok/s':>7} {'decode':>7} {'x clas':>6} {'x chain':>7} {'cpu/tok':>7}")
-    lines = [head, f"{'':<26} {'':<11} {'':>6} {'':>6} {'':>5} "
+    lines = [head, f"{'':<{w}} {'':<11} {'':>6} {'':>6} {'':>5} "
              f"{'-- ms per verify round (median) --':^34} {'e2e':>7} {'tok/s':>7} {'':>6} "
              f"{'':>7} {'ms':>7}"]
     for r in report["rows"]:
-        name = r["name"] if len(r["name"]) <= 26 else r["name"][:23] + "..."
+        name = r["name"]
         if r.get("skipped"):
-            lines.append(f"{name:<26} SKIPPED    {r['skipped']}")
+            lines.append(f"{name:<{w}} SKIPPED    {r['skipped']}")
             continue
         if not r["exact"]:
-            lines.append(f"{name:<26} GATED      {r['reason']}")
+            lines.append(f"{name:<{w}} GATED      {r['reason']}")
             continue
         if r.get("tok_s") is None:
-            lines.append(f"{name:<26} {'-':<11} no runs")
+            lines.append(f"{name:<{w}} {'-':<11} no runs")
             continue
         ms = r.get("ms_per_round") or {}
         checks = f"exact: {r['checks']}" if r["checks"] == EXACT else r["checks"]
         if r.get("ms_per_token") is not None:  # classic: one "round" per token
             ms = {"verify": r["ms_per_token"], "round": r["ms_per_token"]}
         lines.append(
-            f"{name:<26} {checks:<11} {_f(r.get('acceptance'), '{:.3f}'):>6} "
+            f"{name:<{w}} {checks:<11} {_f(r.get('acceptance'), '{:.3f}'):>6} "
             f"{_f(r.get('emitted_per_verify') or (1.0 if r['kind'] == 'classic' else None)):>6} "
             f"{_f(r.get('mean_nodes') or (1.0 if r['kind'] == 'classic' else None), '{:.1f}'):>5} "
             f"{_f(ms.get('draft')):>6} {_f(ms.get('verify')):>6} {_f(ms.get('walk')):>5} "

@@ -44,8 +44,11 @@ def add_bench_parser(sub):
                    default=[tuple(t) for t in FIXED_TREES],
                    help="fixed topologies as branching lists or parent lists, e.g. "
                    "--trees=\"2,1,1 -1,0,0,1,1\" ('' for none)")
-    p.add_argument("--width", type=int, default=4, help="confidence tree: top-k per expansion")
+    p.add_argument("--width", type=int,
+                   help="confidence tree: top-k per expansion (default 4)")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's speculative decoding")
+    p.add_argument("--no-confidence", action="store_true",
+                   help="skip the confidence-tree rows (auto still weighs confidence trees)")
     p.add_argument("--no-auto", action="store_true", help="skip auto's calibration and row")
     p.add_argument("--plot", metavar="DIR", help="write PNGs (needs matplotlib)")
     p.add_argument("--verify-curve", action="store_true",

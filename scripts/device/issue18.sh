@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Issue 18's H200 measurements in one device call, from the repository root, once MLX's CUDA
-# backend is installed (../../README.md, "On the H200"; ../../../shared/device/README.md): the
-# tree round's costs piece by piece (with the drafting rounds' host graph building), one
-# drafting level alone, the verify cost curve to 17 tokens, and the scaled bench whose auto
-# also prices the spines of depth 2-8 from its own texts. Each record goes to $OUT/<name>.txt,
-# its command on the first line and its exit status on the last; each step has its own time
-# limit so that the whole fits one 600 s call:
-#   DIMS (4096x32), LIMITS ("150 80 60 280": costs, levels, curve, bench seconds)
+# backend is installed (../../README.md, "On the H200"; ../../../shared/device/README.md).
+# Each step writes $OUT/<step>-<dims>.txt, its command on the first line and its exit status on
+# the last, under its own time limit so that the whole fits one 600 s call:
+#   DIMS (4096x32)
+#   STEPS ("costs:150 levels:80 curve:60 bench:280"), each step:seconds, from
+#     costs   tree_verify_costs.py: a tree round's pieces against a chain's, with the
+#             drafting rounds' host graph building and primitives by name
+#     levels  draft_level_costs.py: one drafting level alone
+#     curve   the verify cost curve at T = 1..17
+#     census  round_census.py: the primitives each round evaluates inside the decode loop
+#     bench   the scaled bench: blocks 3, 5, 9, the spines of depth 4, 5, 7 and [2,1,1,1]
+#             (auto prices depths 2-8 itself)
+#     deep    the scaled bench of deep chains (blocks 7, 9, 11) against deep spines (depth
+#             5-8, two children per spine node), no mlx-lm or confidence rows
 # cuDNN attention is off unless MLX_CUDA_USE_CUDNN_SDPA is set (README: why).
 set -u
 d=${OUT:?set OUT}
 dims=${DIMS:-4096x32}
-read -r l_costs l_levels l_curve l_bench <<< "${LIMITS:-150 80 60 280}"
 export MLX_CUDA_USE_CUDNN_SDPA=${MLX_CUDA_USE_CUDNN_SDPA:-0} PYTHONUNBUFFERED=1
 export PYTHONPATH=.:${PYTHONPATH:-}
 
@@ -20,16 +26,35 @@ run() {  # name, seconds, command...
   shift 2
   { echo "\$ $* (limit ${limit} s, git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
     timeout -s INT "$limit" "$@"
-    echo "rc=$?"; } > "$d/$name.txt" 2>&1
-  tail -1 "$d/$name.txt" | sed "s/^/$name: /"
+    echo "rc=$?"; } > "$d/$name-$dims.txt" 2>&1
+  tail -1 "$d/$name-$dims.txt" | sed "s/^/$name: /"
 }
 
-run "costs-$dims" "$l_costs" python3 scripts/tree_verify_costs.py --dims "$dims" --repeats 7
-run "draft-levels-$dims" "$l_levels" python3 scripts/draft_level_costs.py --dims "$dims" --repeats 7
-run "curve-$dims" "$l_curve" python3 -m treespec.costcurve --dims "$dims" --dtypes bfloat16 \
-  --Ts 1,3,5,7,9,11,13,15,17
-# Spines of depth 4, 5 and 7 named (parent lists), [2,1,1,1]; auto prices depths 2-8 itself.
-run "bench-$dims" "$l_bench" python3 -m treespec bench --scaled "$dims" --alpha 0.02 \
-  --allow-inexact --repeats 7 --max-tokens 48 --prompts 2 --blocks 3,5,9 \
-  "--trees=-1,0,0,1,1,3,3,5,5 -1,0,0,1,1,3,3,5,5,7,7 -1,0,0,1,1,3,3,5,5,7,7,9,9,11,11 2,1,1,1" \
-  --max-seconds $((l_bench - 20))
+spine() {  # depth: the parent list of a spine with two children per spine node
+  local p="-1,0,0" i
+  for ((i = 1; i < $1; i++)); do p="$p,$((2 * i - 1)),$((2 * i - 1))"; done
+  echo "$p"
+}
+
+bench() {  # name, seconds, bench arguments...
+  local name=$1 limit=$2
+  shift 2
+  run "$name" "$limit" python3 -m treespec bench --scaled "$dims" --alpha 0.02 --allow-inexact \
+    --repeats 7 --max-tokens 48 --prompts 2 --max-seconds $((limit - 20)) "$@"
+}
+
+for step in ${STEPS:-costs:150 levels:80 curve:60 bench:280}; do
+  name=${step%%:*} limit=${step##*:}
+  case $name in
+  costs) run costs "$limit" python3 scripts/tree_verify_costs.py --dims "$dims" --repeats 7 ;;
+  levels) run draft-levels "$limit" python3 scripts/draft_level_costs.py --dims "$dims" --repeats 7 ;;
+  curve) run curve "$limit" python3 -m treespec.costcurve --dims "$dims" --dtypes bfloat16 \
+    --Ts 1,3,5,7,9,11,13,15,17 ;;
+  census) run census "$limit" python3 scripts/round_census.py --dims "$dims" ;;
+  bench) bench bench "$limit" --blocks 3,5,9 \
+    "--trees=$(spine 4) $(spine 5) $(spine 7) 2,1,1,1" ;;
+  deep) bench deep "$limit" --blocks 7,9,11 --no-mlx-lm --no-confidence \
+    "--trees=$(spine 5) $(spine 6) $(spine 7) $(spine 8)" ;;
+  *) echo "unknown step $name (costs levels curve census bench deep)"; exit 2 ;;
+  esac
+done

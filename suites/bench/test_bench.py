@@ -76,6 +76,9 @@ def test_configurations_cover_every_mode_at_matching_budgets():
     assert by["chain b=4"].decode_kwargs() == {"mode": "chain", "block": 4}
     assert by["conf n=3"].decode_kwargs() == {"mode": "tree", "budget": 3, "width": 4}
     assert by["fixed [2,2,1]"].decode_kwargs() == {"mode": "tree", "branching": [2, 2, 1]}
+    # --no-mlx-lm and --no-confidence leave out those rows and nothing else
+    assert [c.name for c in B.build_configs([2, 4], [(2, 2, 1)], mlx_lm=False,
+                                            confidence=False)] == names[:4]
     spine = B.build_configs([2], [(-1, 0, 0, 1, 1)], mlx_lm=False)[2]
     assert spine.name == "fixed p[-1,0,0,1,1]" and spine.budget == 4
     assert spine.decode_kwargs() == {"mode": "tree", "parents": [-1, 0, 0, 1, 1]}
@@ -167,6 +170,16 @@ def test_a_passing_configuration_says_which_checks_stand_behind_its_figure(stage
     assert "probe+text" in line
     classic = next(ln for ln in R.format_table(staged).splitlines() if ln.startswith("classic"))
     assert "reference" in classic
+
+
+def test_rows_whose_names_share_a_long_start_stay_told_apart():
+    """Parent lists of deep spines differ only at their ends: every name is
+    printed whole, its columns still aligned with the header's."""
+    names = ["fixed p[-1,0,0,1,1,3,3,5,5,7,7]", "fixed p[-1,0,0,1,1,3,3,5,5,7,7,9,9]"]
+    rows = [{"name": n, "exact": False, "reason": "staged"} for n in names]
+    lines = R.format_table({"rows": rows}).splitlines()
+    assert [" ".join(ln.split()[:2]) for ln in lines[2:]] == names, lines
+    assert all(ln.index("GATED") == lines[0].index("exact") for ln in lines[2:]), lines
 
 
 def test_round_statistics_and_speedups_are_aggregated_over_prompts(staged):
@@ -385,6 +398,21 @@ def test_bench_command_json(tmp_path):
     assert report["machine"]["blas"].startswith("BLAS:")
     assert "mlx" in report["machine"] and "git" in report["machine"]
     assert all(r["exact"] for r in report["rows"])
+
+
+def test_a_width_with_no_confidence_tree_to_shape_is_refused_naming_it():
+    """--width shapes confidence trees: with their rows and auto's calibration
+    both left out it would act on nothing, so the command refuses it (before
+    building any pair), while either alone keeps it meaningful."""
+    def bench_cli(*flags):
+        return subprocess.run([sys.executable, "-m", "treespec", "bench", *flags, "--prompts=0"],
+                              cwd=ROOT, capture_output=True, text=True)
+    refused = bench_cli("--no-confidence", "--no-auto", "--width", "3")
+    assert refused.returncode == 2 and "--width" in refused.stderr \
+        and "--no-confidence" in refused.stderr, refused.stderr
+    # without --no-auto the width reaches auto: the run goes on to the next check
+    went_on = bench_cli("--no-confidence", "--width", "3")
+    assert went_on.returncode == 2 and "--prompts must be" in went_on.stderr, went_on.stderr
 
 
 def test_the_shared_probe_reports_a_nan_difference_as_nan(monkeypatch):

@@ -1,0 +1,98 @@
+"""What each speculative round evaluates inside the decode loop, per configuration:
+the primitives of the round's one evaluation (the verify forward, with whatever the
+previous round's commits left pending in the caches), by name, beside the loop's own
+phase times and tokens per round.
+
+    python scripts/round_census.py [--dims 4096x32] [--alpha 0.02] [--max-tokens 48]
+    python scripts/round_census.py --pair default --configs "chain:5 parents:-1,0,0,1,1"
+
+On an accelerator every primitive is about one kernel launch made from the host
+thread, so a launch-bound round costs about its count: this says where a tree round's
+evaluation holds more than a chain round's of as many verified tokens, which
+``tree_verify_costs.py`` (each piece alone, no loop) cannot show. The drafting levels
+are started on their own (``mx.async_eval``) and are not in the count
+(``tree_verify_costs.py`` counts a drafting round). Counting walks each round's graph
+(``mx.export_to_dot``), so the times are from a second, uncounted decode of the same
+prompt; every configuration is decoded once untimed first. ``--configs``: ``classic``,
+``chain:B``, ``branching:2,1,1,1``, ``parents:-1,0,0,1,1`` (space separated).
+"""
+
+import argparse
+from collections import Counter
+
+import mlx.core as mx
+
+from treespec import scaled
+from treespec.decode import decode
+from treespec.graph_census import primitives
+from treespec.models import vocab_size
+from treespec.verify.adapter import adapter_for
+
+DEFAULT = ("chain:5 chain:9 parents:-1,0,0,1,1,3,3,5,5 "
+           "parents:-1,0,0,1,1,3,3,5,5,7,7,9,9,11,11 branching:2,1,1,1")
+
+
+def config(spec: str) -> dict:
+    """One ``--configs`` item as ``decode`` keywords."""
+    kind, _, value = spec.partition(":")
+    if kind == "chain":
+        return {"mode": "chain", "block": int(value)}
+    if kind in ("branching", "parents"):
+        return {"mode": "tree", kind: [int(x) for x in value.split(",")]}
+    raise SystemExit(f"--configs: {spec!r} is not chain:B, branching:... or parents:...")
+
+
+class Counted:
+    """The target's adapter, counting the primitives of every verify's output
+    graph before the loop evaluates it (everything else is the adapter's own)."""
+
+    def __init__(self, inner):
+        self.inner, self.rounds = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def verify(self, *args, **kwargs):
+        out = self.inner.verify(*args, **kwargs)
+        self.rounds.append(primitives(out))
+        return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    scaled.add_study_arguments(ap, repeats=1)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--configs", default=DEFAULT)
+    args = ap.parse_args()
+    target, draft, what = scaled.study_pair(args)
+    scaled.announce(what)
+    prompt = scaled.default_prompts(1, vocab=vocab_size(target))[0]
+    rows = {}
+    for spec in args.configs.split():
+        kw = config(spec)
+        run = dict(draft_model=draft, max_tokens=args.max_tokens, gate=False, **kw)
+        decode(target, prompt, **run)  # kernels, plans and pools made untimed
+        timed = decode(target, prompt, **run).stats
+        counted = Counted(adapter_for(target))
+        decode(target, prompt, adapter=counted, **run)
+        per_round = sum(counted.rounds, Counter())
+        n = len(counted.rounds)
+        rows[spec] = (timed, {k: v / n for k, v in per_round.items()}, n)
+    print(f"\none prompt x {args.max_tokens} tokens; ms per round from the uncounted decode; "
+          "primitives per round evaluation (mean)")
+    print(f"{'configuration':<44} {'rounds':>6} {'emit/r':>6} {'draft':>6} {'verify':>6} "
+          f"{'commit':>6} {'prims':>7}")
+    for spec, (st, census, n) in rows.items():
+        ms = {k: st.time_ms[k] / max(st.rounds, 1) for k in ("draft", "verify", "commit")}
+        print(f"{spec:<44} {st.rounds:>6} {st.emitted / max(st.rounds, 1):>6.2f} "
+              f"{ms['draft']:>6.2f} {ms['verify']:>6.2f} {ms['commit']:>6.2f} "
+              f"{sum(census.values()):>7.1f}")
+    first, (_, base, _) = next(iter(rows.items()))
+    for spec, (_, census, _) in list(rows.items())[1:]:
+        diff = {k: census.get(k, 0) - base.get(k, 0) for k in set(census) | set(base)}
+        top = sorted(((v, k) for k, v in diff.items() if abs(v) >= 0.5), key=lambda t: -abs(t[0]))
+        print(f"{spec} - {first}: " + ", ".join(f"{k} {v:+.1f}" for v, k in top[:14]))
+
+
+if __name__ == "__main__":
+    main()
