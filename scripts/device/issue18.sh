@@ -13,7 +13,7 @@
 #     bench   the scaled bench: blocks 3, 5, 9, the spines of depth 4, 5, 7 and [2,1,1,1]
 #             (auto prices depths 2-8 itself)
 #     deep    the scaled bench of deep chains (blocks 7, 9, 11) against deep spines (depth
-#             5-8, two children per spine node), no mlx-lm or confidence rows
+#             5-8, two children per spine node), 11 repeats, no mlx-lm or confidence rows
 # cuDNN attention is off unless MLX_CUDA_USE_CUDNN_SDPA is set (README: why).
 set -u
 d=${OUT:?set OUT}
@@ -53,7 +53,7 @@ for step in ${STEPS:-costs:150 levels:80 curve:60 bench:280}; do
   census) run census "$limit" python3 scripts/round_census.py --dims "$dims" ;;
   bench) bench bench "$limit" --blocks 3,5,9 \
     "--trees=$(spine 4) $(spine 5) $(spine 7) 2,1,1,1" ;;
-  deep) bench deep "$limit" --blocks 7,9,11 --no-mlx-lm --no-confidence \
+  deep) bench deep "$limit" --blocks 7,9,11 --no-mlx-lm --no-confidence --repeats 11 \
     "--trees=$(spine 5) $(spine 6) $(spine 7) $(spine 8)" ;;
   *) echo "unknown step $name (costs levels curve census bench deep)"; exit 2 ;;
   esac
