@@ -94,18 +94,23 @@ def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape)
                   what="the draft caches decoding on", mode="device vs host drafting")
 
 
-@pytest.mark.parametrize("shape, limit, ks", [
-    (dict(branching=[2, 1, 1, 1]), None, [2, 1, 1, 1]),
-    (dict(branching=[1, 3]), None, [1, 3]),
-    (dict(parents=[-1, 0, 0, 1, 1, 3, 3, 5, 5]), None, [2, 2, 2, 2]),
+@pytest.mark.parametrize("shape, limit, ranked", [
+    # (k, rows) per ranking: the root's two fed children, then each level's
+    # first choice, then the last level's leaves at the end
+    (dict(branching=[2, 1, 1, 1]), None, [(2, 1), (1, 2), (1, 2), (1, 2)]),
+    (dict(branching=[1, 3]), None, [(1, 1), (3, 1)]),
+    # a spine: an argmax per level, as a chain's; every second choice at once
+    (dict(parents=[-1, 0, 0, 1, 1, 3, 3, 5, 5]), None, [(1, 1), (1, 1), (1, 1), (2, 4)]),
     # the first 4 nodes of [2,1,1,1] in first-choice order: a chain of 4
-    (dict(branching=[2, 1, 1, 1]), 3, [1, 1, 1]),
+    (dict(branching=[2, 1, 1, 1]), 3, [(1, 1), (1, 1), (1, 1)]),
 ], ids=["2x1x1x1", "1x3", "spine", "2x1x1x1-cut-to-3"])
-def test_each_level_ranks_only_as_many_children_as_its_widest_fed_node_has(shape, limit, ks):
-    """A device round ranks, per level, the most children one of that
-    level's fed nodes has in the round's shape (an argmax where each has
-    one), not the shape's widest branching at every level; the tree is the
-    host path's all the same (the test above)."""
+def test_a_level_ranks_only_what_the_next_level_feeds_and_every_leaf_is_ranked_once_at_the_end(
+        shape, limit, ranked):
+    """A device round ranks, per level, only as many children as the next
+    level's forward feeds (an argmax where each row feeds its first choice),
+    not the shape's widest branching at every level; the children past those
+    (leaves) come from one ranking of every row that has them, at the
+    round's end. The tree is the host path's all the same (the test above)."""
     model = helpers.model("llama")
     prompt = list(helpers.tokens(8, seed=4))
     device, host = FixedTreeDrafter(**shape), FixedTreeDrafter(**shape)
@@ -115,12 +120,12 @@ def test_each_level_ranks_only_as_many_children_as_its_widest_fed_node_has(shape
     asked, rank = [], device._device_top
 
     def counted(logits, k):
-        asked.append(k)
+        asked.append((k, logits.shape[0]))
         return rank(logits, k)
 
     device._device_top = counted
     assert device.draft(prompt[-1], limit).tree == host.draft(prompt[-1], limit).tree
-    assert asked == ks
+    assert asked == ranked
 
 
 def test_a_round_without_drafts_feeds_what_was_pending_and_the_root():

@@ -59,35 +59,53 @@ class _Plan:
             part = DraftTree([0] * len(fed_parents), fed_parents) if expand else None
             self.levels.append((nodes, expand, part, start))
         self.fed_topology = DraftTree([0] * len(fed_parents), fed_parents)
-        # Each level's rows (the root's, then each depth's fed nodes) rank
-        # only as many top ids as the most children one of them has: [2,1,1,1]
-        # ranks two at the root and one per row below it (an argmax, as a
-        # chain's), not two everywhere.
+        # Each level's rows (the root's, then each depth's fed nodes) give
+        # their children. The next level's forward waits only on the children
+        # it feeds, so a level ranks now only as many ids as its fed children
+        # need (``feed``: an argmax where each feeds its first choice, as a
+        # chain's; 0 where it feeds none); the rest of the children (leaves
+        # ranked past them: a spine's second choices) come from one ranking
+        # at the round's end, over every row of the levels that have more
+        # children than they feed, with as many ids as the most children one
+        # of those rows has (``end_k``). A level's top ids are its rows' first
+        # ids either way: the ranking is the same function of the same row.
         rows = [[0]] + [expand for _, expand, _, _ in self.levels if expand]
+        children = [[i for i in range(1, n) if shape[i] in level] for level in rows]
         self.k = [max(seen[node] for node in level) for level in rows]
-        # Where each fed node's row starts in the flat list of every level's
-        # top ids, levels in order (a level's fed nodes are contiguous in the
-        # fed order: the root's row is level 0's).
-        row_at, flat = {}, 0
-        for level, k in zip(rows, self.k):
+        self.feed = [max([self.rank[i] + 1 for i in kids if i in internal], default=0)
+                     for kids in children]
+        self.end_levels = [r for r, (k, f) in enumerate(zip(self.k, self.feed)) if k > f]
+        self.end_k = max((self.k[r] for r in self.end_levels), default=0)
+        # Where each row's ids sit in the flat list of every level's fed ids
+        # (levels in order, a level's rows contiguous), then the end's.
+        feed_at, end_at, flat = {}, {}, 0
+        for level, f in zip(rows, self.feed):
             for node in level:
-                row_at[node], flat = flat, flat + k
-        where = [row_at[shape[i]] + self.rank[i] for i in range(1, n)]
+                feed_at[node], flat = flat, flat + f
+        for r in self.end_levels:
+            for node in rows[r]:
+                end_at[node], flat = flat, flat + self.end_k
+        level_of = {node: r for r, level in enumerate(rows) for node in level}
+
+        def source(i):  # node i's token in that flat list
+            p = shape[i]
+            if self.rank[i] < self.feed[level_of[p]]:
+                return feed_at[p] + self.rank[i]
+            return end_at[p] + self.rank[i]
+        where = [source(i) for i in range(1, n)]
         self.gather_all = mx.array(where, dtype=mx.int32) if where else None
-        # A level's tokens, gathered from the previous level's rows alone (a
-        # node's parent sits one depth up), so the device never concatenates
-        # the rows of every level per level.
-        self.gather_level, previous = [], rows[0]
-        for _, expand, _, _ in self.levels:
-            if not expand:
-                self.gather_level.append(None)
-                continue
-            first = row_at[previous[0]]
-            idx = [row_at[shape[i]] - first + self.rank[i] for i in expand]
+        # A level's tokens, gathered from the previous level's fed ids alone
+        # (a node's parent sits one depth up), so the device never
+        # concatenates the rows of every level per level.
+        self.fed_levels = [(expand, part, start) for _, expand, part, start in self.levels
+                           if expand]
+        self.gather_level = []
+        for (expand, _, _), previous in zip(self.fed_levels, rows):
+            first = feed_at[previous[0]]
+            idx = [feed_at[shape[i]] - first + self.rank[i] for i in expand]
             # Consecutive rows (a spine's one fed node, its first choice) are
             # a slice: no gather on the device.
             self.gather_level.append(consecutive(idx) or mx.array(idx, dtype=mx.int32))
-            previous = expand
 
 
 class FixedTreeDrafter(_TopKTree):
@@ -161,18 +179,18 @@ class FixedTreeDrafter(_TopKTree):
         lead = self._start_round()
         offset = self._round_offset
         logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
-        ks = iter(plan.k)  # top ids per row, level by level
-        level_top = self._device_top(logits, next(ks))  # the fed nodes' top ids, row by row
-        mx.async_eval(level_top)
-        tops = [level_top.reshape(-1)]
-        fed_tokens = mx.array([root], dtype=level_top.dtype)
-        forwards, owners = 1, None
-        for (_, expand, part, start), gather in zip(plan.levels, plan.gather_level):
-            if not expand:
-                continue
-            forwards += 1
-            flat = tops[-1]
-            tokens = flat[gather] if type(gather) is slice else mx.take(flat, gather)
+        rows, fed_ids = [logits], []  # every level's logits; each level's fed ids
+        fed_tokens = mx.array([root], dtype=mx.uint32)  # the dtype of argmax's ids
+        owners = None
+        for r, ((expand, part, start), gather) in enumerate(zip(plan.fed_levels,
+                                                                plan.gather_level)):
+            # This level's tokens: the previous level's fed ids, ranked now
+            # and started now, as the chain starts each draft (the device
+            # runs that level while the host builds this one).
+            top = self._device_top(logits, plan.feed[r]).reshape(-1)
+            mx.async_eval(top)
+            fed_ids.append(top)
+            tokens = top[gather] if type(gather) is slice else mx.take(top, gather)
             if not self.compacting:
                 fed_tokens = mx.concatenate([fed_tokens, tokens])
             if part.is_linear():
@@ -186,13 +204,19 @@ class FixedTreeDrafter(_TopKTree):
             else:
                 self._restore()
                 logits = self.adapter.verify(part, self.cache, tokens=fed_tokens)[start:]
-            level_top = self._device_top(logits, next(ks))
-            # Started now, as the chain starts each draft: the device runs
-            # this level while the host builds the next one.
-            mx.async_eval(level_top)
-            tops.append(level_top.reshape(-1))
-        drafts = mx.take(mx.concatenate(tops), plan.gather_all)
-        return DeviceRound(root, plan.topology, drafts, plan.fed, offset, forwards=forwards)
+            rows.append(logits)
+        # The children past what each level fed (leaves), every level at
+        # once, started now: the last level's forward runs while the host
+        # builds the verify.
+        end = [rows[r] for r in plan.end_levels]
+        if end:
+            end = mx.concatenate(end) if len(end) > 1 else end[0]
+            fed_ids.append(self._device_top(end, plan.end_k).reshape(-1))
+            mx.async_eval(fed_ids[-1])
+        drafts = mx.take(mx.concatenate(fed_ids) if len(fed_ids) > 1 else fed_ids[0],
+                         plan.gather_all)
+        return DeviceRound(root, plan.topology, drafts, plan.fed, offset,
+                           forwards=1 + len(plan.fed_levels))
 
     def _device_top(self, logits: mx.array, k: int) -> mx.array:
         """Per row, the ``k`` best token ids, best first: ``_expand``'s
