@@ -287,7 +287,7 @@ class Drafter:
         ``owners``: what ``adapter.check`` returned for this round's caches,
         checked once per round (nothing else writes them between levels)."""
         with self.level_turn(), self.adapter.injection(self.cache, part, owners, start) as probe:
-            logits = self.model(tokens[None], cache=self.cache)[0]
+            logits = self.model(tokens[None], cache=self.cache).squeeze(0)
             probe()
         return logits
 

@@ -274,7 +274,7 @@ class ConfidenceDrafter(_TopKTree):
         with self.level_turn(), injected(self.model, self.cache, depths, mask_fn,
                                          self.adapter.family.rope_attr, owners,
                                          positions=[], rope_pool=self.adapter.rope_pool) as probe:
-            logits = self.model(tokens[None], cache=self.cache)[0]
+            logits = self.model(tokens[None], cache=self.cache).squeeze(0)
             probe()
         return logits
 

@@ -187,7 +187,7 @@ class FixedTreeDrafter(_TopKTree):
             # This level's tokens: the previous level's fed ids, ranked now
             # and started now, as the chain starts each draft (the device
             # runs that level while the host builds this one).
-            top = self._device_top(logits, plan.feed[r]).reshape(-1)
+            top = self._device_top(logits, plan.feed[r])
             mx.async_eval(top)
             fed_ids.append(top)
             tokens = top[gather] if type(gather) is slice else mx.take(top, gather)
@@ -196,7 +196,8 @@ class FixedTreeDrafter(_TopKTree):
             if part.is_linear():
                 # Still a chain (a spine's fed nodes): one new token, exactly
                 # the chain drafter's step, for every cache mode.
-                logits = self.model(tokens[None], cache=self.cache)[0]
+                # squeeze, a view: an int index ([0]) would gather the rows
+                logits = self.model(tokens[None], cache=self.cache).squeeze(0)
             elif self.compacting:
                 if owners is None:  # the round's first wide level: checked once
                     owners = self.adapter.check(part, self.cache, start)
@@ -211,7 +212,7 @@ class FixedTreeDrafter(_TopKTree):
         end = [rows[r] for r in plan.end_levels]
         if end:
             end = mx.concatenate(end) if len(end) > 1 else end[0]
-            fed_ids.append(self._device_top(end, plan.end_k).reshape(-1))
+            fed_ids.append(self._device_top(end, plan.end_k))
             mx.async_eval(fed_ids[-1])
         drafts = mx.take(mx.concatenate(fed_ids) if len(fed_ids) > 1 else fed_ids[0],
                          plan.gather_all)
@@ -219,9 +220,14 @@ class FixedTreeDrafter(_TopKTree):
                            forwards=1 + len(plan.fed_levels))
 
     def _device_top(self, logits: mx.array, k: int) -> mx.array:
-        """Per row, the ``k`` best token ids, best first: ``_expand``'s
-        ranking (``top_children``), left on the device."""
-        return top_children(logits, k)[0]
+        """Per row, the ``k`` best token ids, best first, rows one after the
+        other: ``_expand``'s ranking (``top_children``), left on the device.
+        For k = 1 the argmax of the logits as they are, the chain's op: their
+        float32 cast, which ``top_children`` ranks, is exact and keeps the
+        order, so it is the same id (ties to the lower id in both)."""
+        if k == 1:
+            return mx.argmax(logits, axis=-1)
+        return top_children(logits, k)[0].reshape(-1)
 
     def _grow(self, root, limit) -> DraftRound:
         n = len(self.shape) if limit is None else min(len(self.shape), limit + 1)

@@ -333,7 +333,7 @@ class TreeAdapter:
                 captures.keep(entry, states)
         written = rollback.single_updates(updates) if updates else None
         self._last = _Verified(cache, offset, tree, snap, captures, written)
-        return logits[0]
+        return logits.squeeze(0)  # a view: logits[0] would gather the row
 
     def _plans(self, attention: Sequence, tree: DraftTree) -> dict:
         """cache id -> its mode's verify plan (treespec.caches), for the
