@@ -101,8 +101,55 @@ def summarize(rows: dict, configs: Sequence, prompts, max_tokens, repeats) -> di
         if best_chain:
             r["x_best_chain"] = statistics.median(
                 a / b for a, b in zip(r["decode_all"], best_chain["decode_all"]))
+    auto_against_rows(out, configs)
     return {"rows": out, "best_chain": best_chain["name"] if best_chain else None,
             "prompts": len(prompts), "max_tokens": max_tokens, "repeats": repeats}
+
+
+def _per_repeat(a: dict, b: dict) -> float:
+    """Median over repeats of a's decode tok/s over b's in the same repeat."""
+    return statistics.median(x / y for x, y in zip(a["decode_all"], b["decode_all"]))
+
+
+def auto_against_rows(out: list, configs: Sequence) -> None:
+    """On auto's row: how it ran against the best other row (``x_best_row``,
+    ``best_row``); and, where the table also times the configuration auto
+    chose (same decode options, not mlx-lm's), that row's name
+    (``same_as``), how that row ran against the best row
+    (``chosen_x_best_row``: whether the choice was the best) and auto's row
+    against it (``x_same``: two timings of one configuration in one run, the
+    run's spread between identical rows). Per-repeat ratios, as every
+    speedup."""
+    timed = [(r, c) for r, c in zip(out, configs) if r.get("decode_all")]
+    for r, c in timed:
+        if r["kind"] != "auto":
+            continue
+        others = [(o, oc) for o, oc in timed if o["kind"] != "auto"]
+        if not others:
+            return
+        best = max(others, key=lambda t: t[0]["decode_tok_s"])[0]
+        r["best_row"], r["x_best_row"] = best["name"], _per_repeat(r, best)
+        want = c.decode_kwargs()
+        same = next((o for o, oc in others if o["kind"] != "mlx-lm"
+                     and oc.decode_kwargs() == want), None)
+        if same is not None:
+            r["same_as"], r["x_same"] = same["name"], _per_repeat(r, same)
+            r["chosen_x_best_row"] = _per_repeat(same, best)
+
+
+def auto_line(report: dict) -> str:
+    """auto against the best row, and its choice's own row against it."""
+    r = next((r for r in report["rows"] if r["kind"] == "auto" and r.get("best_row")), None)
+    if r is None:
+        return ""
+    line = f"{r['name']}: {r['x_best_row']:.2f}x the best row ({r['best_row']})"
+    if r.get("same_as"):
+        chosen = ("is the best row" if r["same_as"] == r["best_row"] else
+                  f"ran {r['chosen_x_best_row']:.2f}x it")
+        line += (f"; the row of the configuration it chose, {r['same_as']}, {chosen}; auto's "
+                 f"row ran {r['x_same']:.2f}x that row, the same configuration timed twice in "
+                 "this run (this run's spread between identical rows)")
+    return line + " (medians of per-repeat decode tok/s ratios)."
 
 
 def machine_info() -> dict:
@@ -204,6 +251,8 @@ def format_report(report: dict) -> str:
                f"({report.get('best_chain')}). round: wall ms per verify round, prefill included. "
                "mlx-lm rows: no split. cpu/tok: process CPU ms per token (median), less at the "
                "mercy of other processes than tok/s.")
+    if line := auto_line(report):
+        out.append(line)
     check = calibration_check(report)
     if check:
         out.append(check)

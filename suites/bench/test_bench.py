@@ -6,6 +6,7 @@ failing text diff can be staged; one small run on the trained pair checks the
 real paths (treespec decode, mlx-lm's speculative decoding, the shared probe)."""
 
 import json
+import statistics
 import subprocess
 import sys
 import warnings
@@ -180,6 +181,51 @@ def test_rows_whose_names_share_a_long_start_stay_told_apart():
     lines = R.format_table({"rows": rows}).splitlines()
     assert [" ".join(ln.split()[:2]) for ln in lines[2:]] == names, lines
     assert all(ln.index("GATED") == lines[0].index("exact") for ln in lines[2:]), lines
+
+
+def paced(walls):
+    """A runner returning classic's tokens, each repeat's two prompts in
+    ``walls[r]`` seconds each, after the warm-up's two untimed calls."""
+    calls = iter([walls[0]] * 2 + [w for w in walls for _ in range(2)])
+    good = fake(lambda p: REF[p[0]])
+
+    def runner(*args):
+        run = good(*args)
+        run.wall_s = next(calls)
+        return run
+    return runner
+
+
+def test_auto_is_set_against_the_best_row_and_its_choice_against_its_own_row():
+    """auto's row against the fastest other row, and, where the table times
+    the configuration auto chose, that row against the fastest (was the
+    choice the best?) and auto's row against it (one configuration timed
+    twice: the run's spread), each the median of per-repeat ratios,
+    recomputed here from the paces the runs were given."""
+    walls = {"classic": [0.04] * 3, "chain b=3": [0.010, 0.012, 0.011],
+             "chain b=5": [0.009, 0.013, 0.010], "auto": [0.011, 0.011, 0.012]}
+    auto = B.auto_config({"mode": "chain", "block": 3, "budget": 2, "branching": None,
+                          "width": None, "reason": "r"})
+    auto.runner, auto.shapes = paced(walls["auto"]), [(-1, 0, 1)]
+    configs = [B.Config("classic", "classic", runner=paced(walls["classic"])),
+               B.Config("chain b=3", "chain", block=3, budget=2, runner=paced(walls["chain b=3"]),
+                        shapes=[(-1, 0, 1)]),
+               B.Config("chain b=5", "chain", block=5, budget=4, runner=paced(walls["chain b=5"]),
+                        shapes=[(-1, 0, 1)]),
+               auto]
+    report = B.bench(None, None, [[0], [1]], configs, max_tokens=4, repeats=3,
+                     decide=staged_decide)
+    row = next(r for r in report["rows"] if r["kind"] == "auto")
+
+    def ratio(a, b):  # per repeat, both prompts of a repeat at one pace
+        return statistics.median(wb / wa for wa, wb in zip(walls[a], walls[b]))
+    assert row["best_row"] == "chain b=5" and row["same_as"] == "chain b=3"
+    assert row["x_best_row"] == pytest.approx(ratio("auto", "chain b=5"))
+    assert row["chosen_x_best_row"] == pytest.approx(ratio("chain b=3", "chain b=5"))
+    assert row["x_same"] == pytest.approx(ratio("auto", "chain b=3"))
+    line = R.auto_line(report)
+    assert line.startswith(f"auto (chain b=3): {ratio('auto', 'chain b=5'):.2f}x the best row "
+                           "(chain b=5)") and "chain b=3, ran " in line, line
 
 
 def test_round_statistics_and_speedups_are_aggregated_over_prompts(staged):
