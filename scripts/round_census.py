@@ -13,8 +13,14 @@ evaluation holds more than a chain round's of as many verified tokens, which
 are started on their own (``mx.async_eval``) and are not in the count
 (``tree_verify_costs.py`` counts a drafting round). Counting walks each round's graph
 (``mx.export_to_dot``), so the times are from a second, uncounted decode of the same
-prompt; every configuration is decoded once untimed first. ``--configs``: ``classic``,
-``chain:B``, ``branching:2,1,1,1``, ``parents:-1,0,0,1,1`` (space separated).
+prompt; every configuration is decoded once untimed first. ``--configs``: ``chain:B``,
+``branching:2,1,1,1``, ``parents:-1,0,0,1,1`` (space separated).
+
+``--start-commits`` adds, per configuration, a row whose target commits are started on their
+own right after each commit (``mx.async_eval`` of the caches' state), so that no round's
+verify graph holds the previous round's row moves: whether a round's evaluation costs more
+when its graph differs from round to round (a branch's writes in some rounds, none in others)
+than its primitive count says (on CUDA, MLX replays cached CUDA graphs of a few ops each).
 """
 
 import argparse
@@ -42,19 +48,28 @@ def config(spec: str) -> dict:
     raise SystemExit(f"--configs: {spec!r} is not chain:B, branching:... or parents:...")
 
 
-class Counted:
-    """The target's adapter, counting the primitives of every verify's output
-    graph before the loop evaluates it (everything else is the adapter's own)."""
+class Loop:
+    """The target's adapter as the loop sees it: with ``count``, the
+    primitives of every verify's output graph are counted before the loop
+    evaluates it; with ``start``, every commit's writes are started on their
+    own. Everything else is the adapter's own."""
 
-    def __init__(self, inner):
-        self.inner, self.rounds = inner, []
+    def __init__(self, inner, count: bool, start: bool):
+        self.inner, self.count, self.start, self.rounds = inner, count, start, []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def verify(self, *args, **kwargs):
         out = self.inner.verify(*args, **kwargs)
-        self.rounds.append(primitives(out))
+        if self.count:
+            self.rounds.append(primitives(out))
+        return out
+
+    def commit(self, cache, *args, **kwargs):
+        out = self.inner.commit(cache, *args, **kwargs)
+        if self.start:
+            mx.async_eval([c.state for c in cache])
         return out
 
 
@@ -63,6 +78,8 @@ def main():
     scaled.add_study_arguments(ap, repeats=1)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--configs", default=DEFAULT)
+    ap.add_argument("--start-commits", action="store_true",
+                    help="also each configuration with its commits started on their own")
     args = ap.parse_args()
     target, draft, what = scaled.study_pair(args)
     scaled.announce(what)
@@ -71,20 +88,24 @@ def main():
     for spec in args.configs.split():
         kw = config(spec)
         run = dict(draft_model=draft, max_tokens=args.max_tokens, gate=False, **kw)
-        decode(target, prompt, **run)  # kernels, plans and pools made untimed
-        timed = decode(target, prompt, **run).stats
-        counted = Counted(adapter_for(target))
-        decode(target, prompt, adapter=counted, **run)
-        per_round = sum(counted.rounds, Counter())
-        n = len(counted.rounds)
-        rows[spec] = (timed, {k: v / n for k, v in per_round.items()}, n)
+        for start in (False, True) if args.start_commits else (False,):
+            adapter = adapter_for(target)
+            loop = dict(run, adapter=Loop(adapter, count=False, start=start))
+            decode(target, prompt, **loop)  # kernels, plans and pools made untimed
+            timed = decode(target, prompt, **loop).stats
+            counted = Loop(adapter, count=True, start=start)
+            decode(target, prompt, **dict(run, adapter=counted))
+            per_round = sum(counted.rounds, Counter())
+            n = len(counted.rounds)
+            name = spec + (" (commits started)" if start else "")
+            rows[name] = (timed, {k: v / n for k, v in per_round.items()}, n)
     print(f"\none prompt x {args.max_tokens} tokens; ms per round from the uncounted decode; "
           "primitives per round evaluation (mean)")
-    print(f"{'configuration':<44} {'rounds':>6} {'emit/r':>6} {'draft':>6} {'verify':>6} "
+    print(f"{'configuration':<62} {'rounds':>6} {'emit/r':>6} {'draft':>6} {'verify':>6} "
           f"{'commit':>6} {'prims':>7}")
     for spec, (st, census, n) in rows.items():
         ms = {k: st.time_ms[k] / max(st.rounds, 1) for k in ("draft", "verify", "commit")}
-        print(f"{spec:<44} {st.rounds:>6} {st.emitted / max(st.rounds, 1):>6.2f} "
+        print(f"{spec:<62} {st.rounds:>6} {st.emitted / max(st.rounds, 1):>6.2f} "
               f"{ms['draft']:>6.2f} {ms['verify']:>6.2f} {ms['commit']:>6.2f} "
               f"{sum(census.values()):>7.1f}")
     first, (_, base, _) = next(iter(rows.items()))

@@ -9,7 +9,11 @@
 #             drafting rounds' host graph building and primitives by name
 #     levels  draft_level_costs.py: one drafting level alone
 #     curve   the verify cost curve at T = 1..17
-#     census  round_census.py: the primitives each round evaluates inside the decode loop
+#     census  round_census.py --start-commits: the primitives each round evaluates inside the
+#             decode loop, and each configuration again with its commits started on their own
+#     census-nographs, census-graphcache  the same with MLX_USE_CUDA_GRAPHS=0, and with
+#             MLX_CUDA_GRAPH_CACHE_SIZE=4000 (whether a tree round's evaluation, as many
+#             primitives as a chain round's, costs more for CUDA graphs it cannot reuse)
 #     bench   the scaled bench: blocks 3, 5, 9, the spines of depth 4, 5, 7 and [2,1,1,1]
 #             (auto prices depths 2-8 itself)
 #     deep    the scaled bench of deep chains (blocks 7, 9, 11) against deep spines (depth
@@ -50,11 +54,16 @@ for step in ${STEPS:-costs:150 levels:80 curve:60 bench:280}; do
   levels) run draft-levels "$limit" python3 scripts/draft_level_costs.py --dims "$dims" --repeats 7 ;;
   curve) run curve "$limit" python3 -m treespec.costcurve --dims "$dims" --dtypes bfloat16 \
     --Ts 1,3,5,7,9,11,13,15,17 ;;
-  census) run census "$limit" python3 scripts/round_census.py --dims "$dims" ;;
+  census) run census "$limit" python3 scripts/round_census.py --dims "$dims" --start-commits ;;
+  census-nographs) MLX_USE_CUDA_GRAPHS=0 run census-nographs "$limit" \
+    python3 scripts/round_census.py --dims "$dims" --start-commits ;;
+  census-graphcache) MLX_CUDA_GRAPH_CACHE_SIZE=4000 run census-graphcache "$limit" \
+    python3 scripts/round_census.py --dims "$dims" --start-commits ;;
   bench) bench bench "$limit" --blocks 3,5,9 \
     "--trees=$(spine 4) $(spine 5) $(spine 7) 2,1,1,1" ;;
   deep) bench deep "$limit" --blocks 7,9,11 --no-mlx-lm --no-confidence --repeats 11 \
     "--trees=$(spine 5) $(spine 6) $(spine 7) $(spine 8)" ;;
-  *) echo "unknown step $name (costs levels curve census bench deep)"; exit 2 ;;
+  *) echo "unknown step $name (costs levels curve census census-nographs census-graphcache" \
+    "bench deep)"; exit 2 ;;
   esac
 done
