@@ -10,9 +10,11 @@ import pytest
 from mlx_lm.models.cache import RotatingKVCache
 
 from suites.verify import helpers
+from suites.families.helpers_models import build as family_model
 from suites.verify.helpers import clone, assert_rows_are_root_path_forwards
 from treespec import zoo
 from treespec.verify import adapter_for
+from treespec.verify.adapter import TreeAdapter
 from treespec.caches import MODES, attention_caches
 from treespec.verify.attention import TreeRoPE, rope_owners
 
@@ -179,3 +181,29 @@ def test_a_forward_that_bypasses_the_tree_ropes_is_refused_at_every_verify():
             adapter.verify(tree, cache)
         assert [c.offset for c in cache] == [c.offset for c in before]
         assert all(mx.array_equal(a.state[0], b.state[0]) for a, b in zip(cache, before))
+
+
+
+# Position inputs (gpt2, ministral3), one-token attentions (deepseek_v3),
+# both (mistral4), recurrent mixers the rope walk skips (qwen3_next).
+WALKED = ["gpt2", "ministral3", "deepseek_v3", "mistral4", "qwen3_next", "gemma3_text"]
+
+
+@pytest.mark.parametrize("family", WALKED)
+def test_an_adapter_built_from_structures_walks_finds_what_walking_again_finds(family):
+    """adapter_for hands the adapter what ``structure`` walked the model for
+    (its module slots, per-position inputs and rope owners) instead of
+    walking again: the same modules, in the same order, as an adapter that
+    walks the model itself finds."""
+    model = family_model(family)
+    built = adapter_for(model)
+    walked = TreeAdapter(model, built.family, found=built.found)
+
+    def ids(entries):
+        return [(e[0], *map(id, e[1:])) for e in entries]
+    assert ids(built._positions) == ids(walked._positions)
+    assert ids(built._one_token) == ids(walked._one_token)
+    assert ids(built.check_model()) == ids(walked.check_model())
+    # each case has something to find: ropes (gpt2 has none: learned positions), position
+    # inputs, one-token attentions or mixers
+    assert built.check_model() or built._positions

@@ -40,7 +40,7 @@ from ..module_tree import ModuleTree
 from .per_node import one_token_attentions
 from .positions import position_inputs
 from .recurrent import RecurrentStrategy, recurrent_strategy
-from .structure import Family, structure
+from .structure import Family, Structure, structure
 
 __all__ = ["Family", "TreeAdapter", "TreeRefused", "adapter_for"]
 
@@ -79,6 +79,7 @@ class TreeAdapter:
         family: Family,
         recurrent: Optional[RecurrentStrategy] = None,
         found: Optional[Discovery] = None,
+        walks: Optional[Structure] = None,
     ):
         self.model = model
         self.family = family
@@ -97,8 +98,11 @@ class TreeAdapter:
         # The modules receiving per-position values, found once (the ropes
         # are found again whenever the module tree changed: one may be
         # swapped after the adapter is made).
-        walked = slots(model)  # one walk for both readers below
-        self._positions = position_inputs(model, walked) if family.positions else []
+        # ``walks``: what structure() walked this model for (adapter_for's),
+        # the same lists, not walked for again.
+        walked = slots(model) if walks is None else walks.walked
+        self._positions = [] if not family.positions else (
+            position_inputs(model, walked) if walks is None else walks.positions)
         # Attentions whose one-token step is a code path of its own: every
         # verify of 2+ nodes, chains too, runs their nodes as one-token steps
         # (treespec.verify.per_node).
@@ -109,6 +113,8 @@ class TreeAdapter:
         # the snapshot's (treespec.module_tree).
         self._owners: Optional[list] = None
         self._tree: Optional[ModuleTree] = None
+        if walks is not None:  # the same rope attribute and skipped mixers
+            self._tree, self._owners = ModuleTree(model), walks.owners
         # id(rope owner) -> its TreeRoPE, re-armed by every injection of this
         # adapter while the owners are those of the last walk.
         self._rope_pool: dict = {}
@@ -399,10 +405,10 @@ def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None)
     family and the specific structural reason (treespec.verify.structure).
     ``recurrent`` overrides the recurrent strategy (see
     treespec.verify.recurrent.register_recurrent)."""
-    family, found, why = structure(model)
-    if why:
-        raise TreeRefused(model_type(model), why)
-    adapter = TreeAdapter(model, family, recurrent, found)
+    walks = structure(model)
+    if walks.why:
+        raise TreeRefused(model_type(model), walks.why)
+    adapter = TreeAdapter(model, walks.family, recurrent, walks.found, walks)
     adapter.check_model()
     adapter.vocab()  # read off a forward here, once, not inside a round's verify
     return adapter

@@ -22,7 +22,7 @@ exactness probe of treespec.gate.
 """
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
@@ -35,7 +35,7 @@ from .codescan import positional_code
 from .positions import HANDLED, position_inputs
 from .recurrent import TREE
 
-__all__ = ["Family", "structure"]
+__all__ = ["Family", "Structure", "structure"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,18 @@ class Family:
     record: str = "structurally accepted, no audit record"
     # Whether some module receives per-position values (treespec.verify.positions).
     positions: bool = False
+
+
+class Structure(NamedTuple):
+    """What :func:`structure` found, with what it walked to find it, so that
+    the adapter built from it does not walk the model again for the same."""
+
+    family: Family
+    found: Discovery  # where the recurrent mixers are
+    why: Optional[str]  # the first structural reason it cannot verify a tree, or None
+    walked: list  # mixers.slots(model)
+    positions: list  # position_inputs(model, walked)
+    owners: List[tuple]  # (name, module) of every rope owner, outside the mixers
 
 
 def _where(where) -> str:
@@ -76,10 +88,10 @@ def cache_refusal(model: nn.Module) -> Tuple[Optional[str], bool]:
     return None, recurrent
 
 
-def structure(model: nn.Module) -> Tuple[Family, Discovery, Optional[str]]:
-    """``(Family, Discovery, refusal)``: the model's family as found, where
-    its recurrent mixers are, and the first structural reason it cannot
-    verify a tree (None when it can)."""
+def structure(model: nn.Module) -> Structure:
+    """The model's family as found, where its recurrent mixers are, and the
+    first structural reason it cannot verify a tree (None when it can); with
+    the walks that found them (:class:`Structure`)."""
     why, recurrent = cache_refusal(model)
     found = discover(model) if recurrent else Discovery()
     why = why or found.refusal
@@ -112,7 +124,7 @@ def structure(model: nn.Module) -> Tuple[Family, Discovery, Optional[str]]:
             why = (f"{name} ({at}) {what}: a tree verify gives positions only through its "
                    f"ropes and cache masks, so this would see flattened indices{more}")
     family = Family(TREE if recurrent else None, attr, record_note(model), bool(positions))
-    return family, found, why
+    return Structure(family, found, why, walked, positions, owners)
 
 
 def _handled(qualified: str) -> bool:
