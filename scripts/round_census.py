@@ -30,7 +30,7 @@ import mlx.core as mx
 
 from treespec import scaled
 from treespec.decode import decode
-from treespec.graph_census import primitives
+from treespec.graph_census import difference, primitives
 from treespec.models import vocab_size
 from treespec.verify.adapter import adapter_for
 
@@ -110,9 +110,8 @@ def main():
               f"{sum(census.values()):>7.1f}")
     first, (_, base, _) = next(iter(rows.items()))
     for spec, (_, census, _) in list(rows.items())[1:]:
-        diff = {k: census.get(k, 0) - base.get(k, 0) for k in set(census) | set(base)}
-        top = sorted(((v, k) for k, v in diff.items() if abs(v) >= 0.5), key=lambda t: -abs(t[0]))
-        print(f"{spec} - {first}: " + ", ".join(f"{k} {v:+.1f}" for v, k in top[:14]))
+        top = [(k, v) for k, v in difference(census, base) if abs(v) >= 0.5]
+        print(f"{spec} - {first}: " + ", ".join(f"{k} {v:+.1f}" for k, v in top[:14]))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from treespec import scaled
 from treespec.draft import make_drafter
-from treespec.graph_census import primitives
+from treespec.graph_census import difference, primitives
 from treespec.rollback import capture_written, commit_path, snapshot
 from treespec.timing import interleaved, ratio
 from treespec.tree import DraftTree
@@ -345,9 +345,8 @@ def main():
     base = census["chain b=5"]
     for name, c in census.items():
         if "depth 4" in name:  # which primitives a depth-4 tree adds, by name
-            diff = sorted(((c[k] - base[k], k) for k in set(c) | set(base)
-                           if c[k] != base[k]), key=lambda t: (-abs(t[0]), t[1]))
-            print(f"  {name} - chain b=5: " + ", ".join(f"{k} {v:+d}" for v, k in diff))
+            print(f"  {name} - chain b=5: " + ", ".join(
+                f"{k} {v:+d}" for k, v in difference(c, base)))
 
 if __name__ == "__main__":
     main()

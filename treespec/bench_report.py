@@ -96,11 +96,9 @@ def summarize(rows: dict, configs: Sequence, prompts, max_tokens, repeats) -> di
         if not r.get("tok_s"):
             continue
         if base.get("decode_all"):
-            r["x_classic"] = statistics.median(
-                a / b for a, b in zip(r["decode_all"], base["decode_all"]))
+            r["x_classic"] = _per_repeat(r, base)
         if best_chain:
-            r["x_best_chain"] = statistics.median(
-                a / b for a, b in zip(r["decode_all"], best_chain["decode_all"]))
+            r["x_best_chain"] = _per_repeat(r, best_chain)
     auto_against_rows(out, configs)
     return {"rows": out, "best_chain": best_chain["name"] if best_chain else None,
             "prompts": len(prompts), "max_tokens": max_tokens, "repeats": repeats}

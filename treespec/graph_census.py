@@ -14,7 +14,7 @@ from collections import Counter
 
 import mlx.core as mx
 
-__all__ = ["primitives"]
+__all__ = ["difference", "primitives"]
 
 _NODE = re.compile(r'label ="([^"]+)", shape=rectangle')
 
@@ -30,3 +30,11 @@ def primitives(*arrays: mx.array) -> Counter:
             return Counter(_NODE.findall(f.read()))
     finally:
         os.remove(path)
+
+
+def difference(counts: dict, base: dict) -> list:
+    """``(name, counts[name] - base[name])`` for every primitive whose count
+    differs, the largest change first (then by name)."""
+    names = set(counts) | set(base)
+    deltas = ((k, counts.get(k, 0) - base.get(k, 0)) for k in names)
+    return sorted(((k, d) for k, d in deltas if d), key=lambda t: (-abs(t[1]), t[0]))
