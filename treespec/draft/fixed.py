@@ -71,11 +71,11 @@ class _Plan:
         # ids either way: the ranking is the same function of the same row.
         rows = [[0]] + [expand for _, expand, _, _ in self.levels if expand]
         children = [[i for i in range(1, n) if shape[i] in level] for level in rows]
-        self.k = [max(seen[node] for node in level) for level in rows]
+        k = [max(seen[node] for node in level) for level in rows]  # children per row
         self.feed = [max([self.rank[i] + 1 for i in kids if i in internal], default=0)
                      for kids in children]
-        self.end_levels = [r for r, (k, f) in enumerate(zip(self.k, self.feed)) if k > f]
-        self.end_k = max((self.k[r] for r in self.end_levels), default=0)
+        self.end_levels = [r for r, (kr, f) in enumerate(zip(k, self.feed)) if kr > f]
+        self.end_k = max((k[r] for r in self.end_levels), default=0)
         # Where each row's ids sit in the flat list of every level's fed ids
         # (levels in order, a level's rows contiguous), then the end's.
         feed_at, end_at, flat = {}, {}, 0
