@@ -37,7 +37,7 @@ and ``caches.recurrent`` (the modes), this module (the table, CacheList, and
 the lookups every other module uses).
 """
 
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
@@ -195,14 +195,29 @@ def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Call
     return mode.plan_commit(c, where, tail, entry, recurrent)
 
 
+class _Own(NamedTuple):
+    """One cache held by its mode's own hold (``Mode.hold``)."""
+
+    mode: Mode
+    c: object
+    held: object
+
+    def put_back(self) -> None:
+        self.mode.put_back(self.c, self.held)
+
+
 class _Held:
-    """One cache object and its attributes as they were."""
+    """One cache object and its attributes as they were (the hold of a mode
+    that has none of its own)."""
 
     __slots__ = ("c", "attrs")
 
     def __init__(self, c):
         self.c = c
         self.attrs = {k: _held(v) for k, v in vars(c).items()}
+
+    def put_back(self) -> None:
+        _restored(self)
 
 
 def _held(v):
@@ -241,7 +256,7 @@ def hold(cache: Sequence) -> list:
     for c in cache:
         mode = mode_of(c)
         own = mode.hold(c)
-        held.append(_Held(c) if own is None else (mode, c, own))
+        held.append(_Held(c) if own is None else _Own(mode, c, own))
     return held
 
 
@@ -252,8 +267,4 @@ def put_back(held: list) -> None:
     buffer, no evaluation can reuse it for a write; an appending cache's
     writes past its offset are never read)."""
     for h in held:
-        if type(h) is tuple:
-            mode, c, own = h
-            mode.put_back(c, own)
-        else:
-            _restored(h)
+        h.put_back()
