@@ -14,6 +14,14 @@ rest of the call (setting up: adapters, caches, the drafter). Both texts are
 checked against classic first; a pair whose texts differ (the scaled pair
 in half precision on a backend whose multi-token forwards are not
 bit-identical) is timed with a note, never silently.
+
+The same text can take a different number of rounds: treespec's chain drafts
+the argmax of the draft logits, mlx-lm's the argmax of ``logits -
+logsumexp(logits)`` in the logits' dtype, which in half precision rounds
+near-equal logits together and gives the tie to the lower id. So each block
+also prints both decoders' rounds and their ms per round (wall over rounds,
+the median of per-repeat ratios): what a round costs, apart from how many
+rounds the drafts took.
 """
 
 import argparse
@@ -51,10 +59,12 @@ def main():
         def ours():
             runs = [decode(target, p, mode="chain", draft_model=draft, max_tokens=n, block=b,
                            gate=False) for p in prompts]
-            return [r.tokens for r in runs], sum(sum(r.stats.time_ms.values()) for r in runs)
+            return ([r.tokens for r in runs], sum(sum(r.stats.time_ms.values()) for r in runs),
+                    sum(r.stats.rounds for r in runs))
 
         def theirs():
-            return [mlx_lm_run(target, draft, p, n, None, b).tokens for p in prompts], None
+            runs = [mlx_lm_run(target, draft, p, n, None, b) for p in prompts]
+            return [r.tokens for r in runs], None, sum(r.stats["rounds"] for r in runs)
 
         for name, f in (("treespec", ours), ("mlx-lm", theirs)):
             if f()[0] != ref:
@@ -65,10 +75,10 @@ def main():
             pair = (("treespec", ours), ("mlx-lm", theirs))
             for name, f in pair[::-1] if r % 2 else pair:  # neither always runs second
                 c0, t0 = time.process_time(), time.perf_counter()
-                _, staged = f()
+                _, staged, rounds = f()
                 wall = time.perf_counter() - t0
                 times[name].append((wall, time.process_time() - c0,
-                                    None if staged is None else wall - staged / 1e3))
+                                    None if staged is None else wall - staged / 1e3, rounds))
         med = {k: [statistics.median(x[i] for x in v) for i in (0, 1)] for k, v in times.items()}
         rest = statistics.median(x[2] for x in times["treespec"])
         for k, (wall, cpu) in med.items():
@@ -78,7 +88,13 @@ def main():
         ratio = statistics.median(m[0] / o[0] for o, m in zip(times["treespec"], times["mlx-lm"]))
         print(f"block {b}: treespec speed / mlx-lm speed = {med['mlx-lm'][0] / med['treespec'][0]:.3f}"
               f" (wall medians), {ratio:.3f} (median of per-repeat ratios), "
-              f"{med['mlx-lm'][1] / med['treespec'][1]:.3f} (cpu)", flush=True)
+              f"{med['mlx-lm'][1] / med['treespec'][1]:.3f} (cpu)")
+        rounds = {k: statistics.median(x[3] for x in v) for k, v in times.items()}
+        per_round = statistics.median((o[0] / o[3]) / (m[0] / m[3])
+                                      for o, m in zip(times["treespec"], times["mlx-lm"]))
+        print(f"block {b}: rounds treespec {rounds['treespec']:g}, mlx-lm {rounds['mlx-lm']:g}; "
+              f"treespec ms per round / mlx-lm's = {per_round:.3f} (median of per-repeat "
+              "ratios)", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import platform
 import statistics
 import subprocess
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 import mlx_lm
@@ -254,15 +254,8 @@ def format_report(report: dict) -> str:
     check = calibration_check(report)
     if check:
         out.append(check)
-    cmp = chain_vs_mlx_lm(report)
-    if cmp:
-        out.append("\ntreespec chain vs mlx-lm at the same block (decode tok/s; medians of per-repeat "
-                   "ratios; cpu ratio = mlx-lm CPU ms/token over treespec's, > 1 when treespec is "
-                   "cheaper):")
-        for b, ours, theirs, ratio, cpu_ratio in cmp:
-            flag = "" if ratio >= 0.97 else "   <- treespec slower (wall)"
-            out.append(f"  b={b}: treespec {ours:7.1f} tok/s  mlx-lm {theirs:7.1f} tok/s  "
-                       f"ratio {ratio:.2f}  cpu ratio {_f(cpu_ratio)}{flag}")
+    if cmp := format_chain_vs_mlx_lm(report):
+        out.append(cmp)
     return "\n".join(out)
 
 
@@ -292,7 +285,24 @@ def calibration_check(report: dict) -> str:
     return ""
 
 
-def chain_vs_mlx_lm(report: dict):
+class Matched(NamedTuple):
+    """treespec's chain against mlx-lm's at one block (``chain_vs_mlx_lm``)."""
+
+    block: int
+    ours: float  # decode tok/s, median over repeats
+    theirs: float
+    ratio: float  # ours over theirs, median of per-repeat ratios
+    cpu_ratio: Optional[float]  # their CPU ms per token over ours (> 1: ours cheaper)
+    rounds: Optional[int]  # verify rounds over the prompts
+    their_rounds: Optional[int]
+    round_cost: Optional[float]  # our decode ms per round over theirs, median of per-repeat ratios
+
+
+def chain_vs_mlx_lm(report: dict) -> List[Matched]:
+    """Each block both decoders ran at. The same text can take a different
+    number of rounds (the two chains draft by different argmax rules, README
+    "On this CPU"), so beside the speed ratio: both round counts and what a
+    round costs, each decoder's decode time over its rounds."""
     by = {(r["kind"], r["block"]): r for r in report["rows"]}
     out = []
     for (kind, b), r in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
@@ -304,8 +314,34 @@ def chain_vs_mlx_lm(report: dict):
             cpu = None
             if r.get("cpu_all") and m.get("cpu_all"):
                 cpu = statistics.median(c / a for a, c in zip(r["cpu_all"], m["cpu_all"]))
-            out.append((b, r["decode_tok_s"], m["decode_tok_s"], ratio, cpu))
+            rounds, theirs = r.get("rounds"), m.get("rounds")
+            cost = None
+            if rounds and theirs:
+                # decode ms per round = tokens / decode tok/s / rounds, per repeat
+                cost = statistics.median(
+                    (r["tokens"] / a / rounds) / (m["tokens"] / c / theirs)
+                    for a, c in zip(r["decode_all"], m["decode_all"]))
+            out.append(Matched(b, r["decode_tok_s"], m["decode_tok_s"], ratio, cpu, rounds,
+                               theirs, cost))
     return out
+
+
+def format_chain_vs_mlx_lm(report: dict) -> str:
+    """The lines of ``chain_vs_mlx_lm`` ('' where no block has both)."""
+    cmp = chain_vs_mlx_lm(report)
+    if not cmp:
+        return ""
+    out = ["\ntreespec chain vs mlx-lm at the same block (decode tok/s; medians of per-repeat "
+           "ratios; cpu ratio = mlx-lm CPU ms/token over treespec's, > 1 when treespec is "
+           "cheaper; rounds over the prompts, treespec/mlx-lm, and treespec's decode ms per "
+           "round over mlx-lm's: what a round costs, apart from how many the drafts took):"]
+    for m in cmp:
+        flag = "" if m.ratio >= 0.97 else "   <- treespec slower (wall)"
+        rounds = ("" if m.round_cost is None else
+                  f"  rounds {m.rounds}/{m.their_rounds}, a round {m.round_cost:.2f}x")
+        out.append(f"  b={m.block}: treespec {m.ours:7.1f} tok/s  mlx-lm {m.theirs:7.1f} tok/s  "
+                   f"ratio {m.ratio:.2f}  cpu ratio {_f(m.cpu_ratio)}{rounds}{flag}")
+    return "\n".join(out)
 
 
 def format_curve(rows: List[dict], label: str) -> str:

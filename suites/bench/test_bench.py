@@ -351,14 +351,21 @@ def test_classic_must_come_first():
         B.bench(None, None, [[0]], configs[1:], max_tokens=4, repeats=1, decide=staged_decide)
 
 
-def test_chain_vs_mlx_lm_is_matched_by_block():
-    rows = [{"kind": "chain", "block": 3, "tok_s": 1.0, "decode_tok_s": 90.0,
-             "decode_all": [90.0, 80.0], "cpu_all": [10.0, 10.0]},
-            {"kind": "mlx-lm", "block": 3, "tok_s": 1.0, "decode_tok_s": 100.0,
-             "decode_all": [100.0, 100.0], "cpu_all": [9.0, 9.0]},
+def test_chain_vs_mlx_lm_is_matched_by_block_with_what_a_round_costs_apart_from_how_many():
+    rows = [{"kind": "chain", "block": 3, "tok_s": 1.0, "decode_tok_s": 90.0, "tokens": 96,
+             "rounds": 40, "decode_all": [90.0, 80.0], "cpu_all": [10.0, 10.0]},
+            {"kind": "mlx-lm", "block": 3, "tok_s": 1.0, "decode_tok_s": 100.0, "tokens": 96,
+             "rounds": 36, "decode_all": [100.0, 100.0], "cpu_all": [9.0, 9.0]},
             {"kind": "chain", "block": 4, "tok_s": 1.0, "decode_tok_s": 90.0, "decode_all": [90.0]}]
-    assert R.chain_vs_mlx_lm({"rows": rows}) == [
-        (3, 90.0, 100.0, pytest.approx(0.85), pytest.approx(0.9))]
+    (m,) = R.chain_vs_mlx_lm({"rows": rows})
+    assert (m.block, m.ours, m.theirs) == (3, 90.0, 100.0)
+    assert m.ratio == pytest.approx(0.85) and m.cpu_ratio == pytest.approx(0.9)
+    assert (m.rounds, m.their_rounds) == (40, 36)
+    # By hand: per repeat, (96 tokens / 90 tok/s / 40 rounds) / (96 / 100 / 36) = 1.0 and
+    # (96 / 80 / 40) / (96 / 100 / 36) = 1.125: slower overall, as cheap a round in one repeat.
+    assert m.round_cost == pytest.approx((1.0 + 1.125) / 2)
+    assert "ratio 0.85  cpu ratio 0.90  rounds 40/36, a round 1.06x" in \
+        R.format_chain_vs_mlx_lm({"rows": rows})
 
 
 def test_plots_are_written(tmp_path, staged):
