@@ -19,8 +19,13 @@ rotated every repeat; ratios are medians of per-repeat ratios:
   float32 logits then a sort of the k (``top_ids`` before a215c45), and
   ``top_ids`` after ``logprobs_of`` (the ranking before a53a1d8);
 - the draft forward of a level: one token (a chain's), two tokens as a
-  plain causal forward, two tokens as a tree level (verify, drafter);
-- host graph building alone of the last two (evaluated untimed after).
+  plain causal forward, two tokens as a tree level (verify, drafter), and
+  two batch rows of one token each over a cache forked into two rows (how
+  the branches of [2,1,1,1] could be drafted: no mask, one position per
+  row, the backend's one-token attention), with the fork alone (every
+  layer's keys and values taken into two rows, once per round);
+- host graph building alone of the tree levels and the plain forward
+  (evaluated untimed after).
 """
 
 import argparse
@@ -29,7 +34,7 @@ import statistics
 import time
 
 import mlx.core as mx
-from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
 from treespec import scaled
 from treespec.draft.base import Drafter, logprobs_of, top_children, top_ids
@@ -114,6 +119,38 @@ def main():
             return dt
         return step
 
+    def forked(c, rows):
+        """A KVCache of ``len(rows)`` batch rows, row i a copy of ``c``'s row rows[i]."""
+        f = KVCache()
+        f.keys, f.values = mx.take(c.keys, rows, axis=0), mx.take(c.values, rows, axis=0)
+        f.offset = c.offset
+        return f
+
+    two = mx.array([0, 0])
+    branches = [forked(c, two) for c in cache]  # two rows, each the context alone
+    mx.eval([c.state for c in branches])
+
+    def fork():
+        mx.eval([f.state for f in (forked(c, two) for c in cache)])
+
+    def batch():
+        # As a level past the fork: each row holds the context and its own
+        # branch so far (two rows fed, one each, untimed), then the level.
+        draft(mx.arange(2)[:, None], cache=branches)
+        mx.eval([c.state for c in branches])
+        t0 = time.perf_counter()
+        mx.eval(draft(level_tokens[:, None], cache=branches))
+        dt = time.perf_counter() - t0
+        trim_prompt_cache(branches, 2)
+        return dt
+
+    if all(type(c) is KVCache for c in cache):
+        items["draft forward, 2 batch rows of 1 token (branches)"] = batch
+        items["fork of the draft cache into 2 batch rows"] = fork
+        refs["draft forward, 2 batch rows of 1 token (branches)"] = \
+            "draft forward, 1 token (a chain level)"
+        refs["fork of the draft cache into 2 batch rows"] = \
+            "draft forward, 1 token (a chain level)"
     items["draft forward, 1 token (a chain level)"] = plain(1)
     items["draft forward, 2 tokens, plain causal"] = plain(2)
     items["draft forward, 2 tokens as a tree level (verify)"] = level("verify")
