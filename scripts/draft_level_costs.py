@@ -6,9 +6,10 @@ scaled pair's drafter (or the trained pair's).
 
 A chain level is one plain forward over one token and an argmax; a level of
 [2,1,1,1] is a forward over two tokens through the tree injection (mask
-array, per-node RoPE), through ``TreeAdapter.verify`` with ``start`` or
-through the drafter's own ``Drafter.inject_level`` (the injection alone, what
-a fixed tree's device round runs), and the top-k of each row. Every item is one step ended by an evaluation, timed
+array, per-node RoPE), through ``TreeAdapter.verify`` with ``start`` or the
+injection alone (what a fixed tree's device round ran before it drafted wide
+levels as batch rows), or two batch rows of one token (what it runs now),
+and the top-k of each row. Every item is one step ended by an evaluation, timed
 ``--calls`` times (median) within a repeat; items interleaved, the order
 rotated every repeat; ratios are medians of per-repeat ratios:
 
@@ -19,7 +20,7 @@ rotated every repeat; ratios are medians of per-repeat ratios:
   float32 logits then a sort of the k (``top_ids`` before a215c45), and
   ``top_ids`` after ``logprobs_of`` (the ranking before a53a1d8);
 - the draft forward of a level: one token (a chain's), two tokens as a
-  plain causal forward, two tokens as a tree level (verify, drafter), and
+  plain causal forward, two tokens as a tree level (verify, injection alone), and
   two batch rows of one token each over a cache forked into two rows (how
   the branches of [2,1,1,1] could be drafted: no mask, one position per
   row, the backend's one-token attention), with the fork alone (every
@@ -37,7 +38,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
 from treespec import scaled
-from treespec.draft.base import Drafter, logprobs_of, top_children, top_ids
+from treespec.draft.base import logprobs_of, top_children, top_ids
 from treespec.timing import interleaved, ratio
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
@@ -91,25 +92,30 @@ def main():
             trim_prompt_cache(cache, T)
         return step
 
-    # The drafter's own path for such a level (FixedTreeDrafter's device
-    # rounds): the injection alone, checked once per round (untimed here).
-    drafter = Drafter()
-    drafter.model, drafter.adapter, drafter.cache = draft, adapter, cache
+    # Such a level through the injection alone, the caches checked once per
+    # round (untimed here): what FixedTreeDrafter's device rounds ran before
+    # they drafted wide levels as batch rows.
     level_tokens = mx.arange(2)
+
+    def inject_level(part, start, tokens, owners):
+        with adapter.injection(cache, part, owners, start) as probe:
+            logits = draft(tokens[None], cache=cache).squeeze(0)
+            probe()
+        return logits
 
     def level(injected, build_only=False):
         """Level 2 fed on top of the root and level 1 (fed untimed): two
-        tokens through ``TreeAdapter.verify`` ("verify"), the drafter's
-        ``inject_level`` ("drafter"), or as a plain causal forward (False);
+        tokens through ``TreeAdapter.verify`` ("verify"), the injection alone
+        ("injection"), or as a plain causal forward (False);
         the forward evaluated, or its host graph building alone."""
         def step():
             draft(mx.arange(3)[None], cache=cache)
             mx.eval([c.state for c in cache])
-            owners = adapter.check(level_tree, cache, 3) if injected == "drafter" else None
+            owners = adapter.check(level_tree, cache, 3) if injected == "injection" else None
             t0 = time.perf_counter()
             out = (adapter.verify(level_tree, cache, start=3) if injected == "verify"
-                   else drafter.inject_level(level_tree, 3, level_tokens, owners)
-                   if injected == "drafter"
+                   else inject_level(level_tree, 3, level_tokens, owners)
+                   if injected == "injection"
                    else draft(level_tokens[None], cache=cache))
             if not build_only:
                 mx.eval(out)
@@ -154,16 +160,16 @@ def main():
     items["draft forward, 1 token (a chain level)"] = plain(1)
     items["draft forward, 2 tokens, plain causal"] = plain(2)
     items["draft forward, 2 tokens as a tree level (verify)"] = level("verify")
-    items["draft forward, 2 tokens as a tree level (drafter)"] = level("drafter")
+    items["draft forward, 2 tokens as a tree level (injection)"] = level("injection")
     items["host graph building, 2 tokens, plain causal"] = level(False, build_only=True)
     items["host graph building, 2 tokens as a tree level (verify)"] = level("verify", True)
-    items["host graph building, 2 tokens as a tree level (drafter)"] = level("drafter", True)
+    items["host graph building, 2 tokens as a tree level (injection)"] = level("injection", True)
     for n in ("draft forward, 2 tokens, plain causal",
               "draft forward, 2 tokens as a tree level (verify)",
-              "draft forward, 2 tokens as a tree level (drafter)"):
+              "draft forward, 2 tokens as a tree level (injection)"):
         refs[n] = "draft forward, 1 token (a chain level)"
     for n in ("host graph building, 2 tokens as a tree level (verify)",
-              "host graph building, 2 tokens as a tree level (drafter)"):
+              "host graph building, 2 tokens as a tree level (injection)"):
         refs[n] = "host graph building, 2 tokens, plain causal"
 
     times = interleaved(items, args.repeats, args.calls)

@@ -1,10 +1,12 @@
 """A fixed-shape tree drafted on the device (no host round trip per level)
-is the tree the host path drafts: same tokens, same fed nodes, same draft
-cache after every commit, round after round, including rounds that accept
-a leaf the draft never fed and rounds cut short by max_tokens. The two paths
-feed the draft model forwards of different widths, so the draft caches are
-byte-identical where the backend is exact and equal within its envelope
-(their next logits judged) elsewhere; the trees are identical everywhere."""
+is the tree the host path drafts: same tokens every round, including rounds
+that accept a leaf the draft never fed and rounds cut short by max_tokens.
+The device round feeds a wide level as batch rows of forked caches (its
+cache takes one row back), where the host feeds it through the tree
+injection into its one; after each commit both hold the same committed text
+(each cache a prefix of it, the rest queued), judged by
+decoding on from both: byte-identical rows where the backend is exact,
+within its envelope elsewhere."""
 
 import mlx.core as mx
 import numpy as np
@@ -61,9 +63,41 @@ def deepest_path(tree, last_child: bool):
         path.append(kids[-1] if last_child else kids[0])
 
 
+def fed_as_batch_rows(rnd) -> list:
+    """What a device round's draft cache holds, from a host round of the
+    same tree (``fed``: node -> its row past the round's offset, -1 for none):
+    the host's rows up to the first depth that feeds two or more nodes; from
+    there each fed node was a batch row of forked caches, and the caches took
+    back the rows of the first row of the last fed depth (its fed ancestors,
+    in depth order), numbered on."""
+    depths = [int(x) for x in rnd.tree.depths()]
+    fed_at = {}
+    for i, f in enumerate(rnd.fed):
+        if f >= 0:
+            fed_at.setdefault(depths[i], []).append(i)
+    wide = min((d for d, nodes in fed_at.items() if len(nodes) > 1), default=None)
+    if wide is None:
+        return list(rnd.fed)
+    out = [f if depths[i] < wide else -1 for i, f in enumerate(rnd.fed)]
+    node, lineage = fed_at[max(fed_at)][0], []
+    while depths[node] >= wide:
+        lineage.append(node)
+        node = rnd.tree.parents[node]
+    kept = sum(f >= 0 for f in out)
+    for j, node in enumerate(reversed(lineage)):
+        out[node] = kept + j
+    return out
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape):
+    """The same tree every round; the device round drafts a wide level's
+    nodes as batch rows of forked caches, of which its cache takes one row
+    back, where the host feeds them all through the tree injection into its
+    one: after each commit both drafters hold the same committed text, each
+    cache a prefix of it, the rest of the accepted path queued for the next
+    root."""
     model = helpers.model(family)
     prompt = list(helpers.tokens(12, seed=3))
     device, host = FixedTreeDrafter(**shape), FixedTreeDrafter(**shape)
@@ -74,24 +108,56 @@ def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape)
     for rnd_no, limit in enumerate([None, None, 2, None, 1, None]):
         a, b = device.draft(root, limit), host.draft(root, limit)
         assert isinstance(a, DeviceRound) and not isinstance(b, DeviceRound)
-        assert a.tree == b.tree
-        assert a.fed == b.fed and a.offset == b.offset
-        assert a.fed_tree == b.fed_tree
+        assert a.tree == b.tree and a.offset == b.offset
+        assert a.fed == fed_as_batch_rows(b)
         # Alternate between paths to fed nodes and to unfed leaves.
         path = deepest_path(a.tree, last_child=rnd_no % 2 == 1)
         for d, r in ((device, a), (host, b)):
             d.commit(r, path)
-        assert device.pending == host.pending
-        root = a.tree.tokens[path[-1]]
-        if helpers.fingerprint(device.cache) != helpers.fingerprint(host.cache):
-            # Same layout, always; the bytes are the forwards' numerics.
-            assert [c.state[0].shape for c in device.cache] == [c.state[0].shape for c in host.cache]
-            offset = caches.offset(device.cache)
-            assert offset == caches.offset(host.cache)
-            nxt = [root] + list(device.pending)
-            got, want = (helpers.plain_rows(model, helpers.clone(d.cache), nxt) for d in (device, host))
-            check(got, want, model, offset, numerics.widths_of(a.tree, len(nxt)), DRAFTING,
-                  what="the draft caches decoding on", mode="device vs host drafting")
+        # Each cache holds a prefix of the committed text and queues the
+        # rest of the accepted path.
+        text = [a.tree.tokens[n] for n in path]
+        assert (caches.offset(device.cache) + len(device.pending)
+                == caches.offset(host.cache) + len(host.pending))
+        for d in (device, host):
+            assert d.pending == text[len(text) - len(d.pending):]
+        root = text[-1]
+        # Decoding on from both (each feeds what it queued with the next
+        # root): the same rows for the positions both feed.
+        got = helpers.plain_rows(model, helpers.clone(device.cache), device.pending + [root])
+        want = helpers.plain_rows(model, helpers.clone(host.cache), host.pending + [root])
+        n = min(len(got), len(want))
+        check(got[-n:], want[-n:], model, caches.offset(device.cache) + len(device.pending),
+              numerics.widths_of(a.tree, len(device.pending) + 1, len(host.pending) + 1),
+              DRAFTING, what="the draft caches decoding on", mode="device vs host drafting")
+
+
+class Shapes:
+    """The draft model, recording the shape of every input it is fed."""
+
+    def __init__(self, model):
+        self.model, self.seen = model, []
+
+    def __call__(self, x, cache=None):
+        self.seen.append(tuple(x.shape))
+        return self.model(x, cache=cache)
+
+
+@pytest.mark.parametrize("shape, fed", [
+    # (batch rows, tokens) of each draft forward of a round
+    (dict(branching=[2, 1, 1, 1]), [(1, 1), (2, 1), (2, 1), (2, 1)]),
+    (dict(branching=[2, 2, 1]), [(1, 1), (2, 1), (4, 1)]),
+    # a spine: its fed nodes are one chain, in the draft cache itself
+    (dict(parents=[-1, 0, 0, 1, 1, 3, 3]), [(1, 1), (1, 1), (1, 1)]),
+], ids=["2x1x1x1", "2x2x1", "spine"])
+def test_a_wide_level_is_drafted_as_batch_rows_of_one_token(shape, fed):
+    model = helpers.model("llama")
+    prompt = list(helpers.tokens(10, seed=4))
+    drafter = FixedTreeDrafter(**shape)
+    drafter.start(model, prompt[:-1])
+    drafter.model = recorder = Shapes(model)
+    drafter.draft(prompt[-1])
+    assert recorder.seen == fed
 
 
 @pytest.mark.parametrize("shape, limit, ranked", [

@@ -8,6 +8,9 @@ array (valid rows) and field, every mask and every later update output must
 be identical, bit for bit, also across the sliding window and chunk limits.
 """
 
+import copy
+
+import mlx.core as mx
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -27,6 +30,8 @@ from suites.rollback.helpers_caches import (
     take,
     tree_and_path,
 )
+from mlx.utils import tree_map as mx_tree_map
+from treespec import caches
 from treespec.rollback import RollbackRefused, commit_path, snapshot
 from treespec.tree import DraftTree
 
@@ -226,3 +231,36 @@ def test_multi_token_update_leaves_the_pre_verify_ring_untouched(name):
     feed(c, rows(mode, 4, rng))
     assert fingerprint(list(held)) == before
     assert c.keys is not held[0]
+
+
+@modes
+def test_a_forked_cache_is_each_row_what_its_source_row_would_see_and_the_source_is_untouched(mode):
+    """``caches.fork`` (a drafter's branches as batch rows): row i of the
+    fork, fed its own next row, gives attention what the source cache would
+    give after that row alone, bit for bit; the source is left as it was;
+    ``caches.adopt`` of row i makes a copy of the source that cache. Modes
+    that do not fork or adopt say so and refuse, naming the class."""
+    rng = np.random.RandomState(3)
+    c = mode.make()
+    feed(c, rows(mode, 11, rng))
+    if not caches.forks([c]):
+        with pytest.raises(TypeError, match=type(c).__name__):
+            caches.fork([c], mx.array([0, 0]))
+        return
+    before = fingerprint(c)
+    nexts = [rows(mode, 1, rng) for _ in range(3)]
+    (fork,) = caches.fork([c], mx.array([0, 0, 0]))
+    seen = feed(fork, tuple(mx.concatenate([kv[i] for kv in nexts]) for i in (0, 1)))
+    assert fingerprint(c) == before
+    for i, kv in enumerate(nexts):
+        alone = copy.deepcopy(c)
+        want = feed(alone, kv)
+        assert_same(mx_tree_map(lambda a: a[i:i + 1], seen), want, f"row {i}")
+        # Taking the row back: the source as if it had been fed that row.
+        back = copy.deepcopy(c)
+        if not caches.adopts([back]):
+            with pytest.raises(TypeError, match=type(c).__name__):
+                caches.adopt([back], [fork], i)
+            continue
+        caches.adopt([back], [fork], i)
+        assert_same(observe(back), observe(alone), f"row {i} adopted")

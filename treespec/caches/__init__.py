@@ -12,6 +12,8 @@ module asks ``isinstance`` of a cache:
     activation_dtype(c)       the dtype an additive tree mask for its attention must have
     grows_in_parts            a drafter may feed a tree in parts and compact in place
     whole_trees_only          a verify must feed a tree in one update
+    forks / fork(c, rows)     a copy of it as batch rows (a drafter's branches)
+    adopts / adopt(c, f, row) append the rows a forked batch row added
     save(c) / restore(c, s)   put it back exactly as it is now (the drafter, per round)
     snapshot(c)               references to the pre-verify state a commit needs
     hold(c) / put_back(c, h)  a mode's own cheaper hold (see below), or None
@@ -51,13 +53,15 @@ from mlx_lm.models.cache import (
 )
 
 from ..rows import Tail
-from .attention import Appending, Chunked, Concatenate, Rotating, rotating_kept, rotating_present
+from .attention import (Appending, Chunked, Concatenate, Quantized, Rotating, rotating_kept,
+                        rotating_present)
 from .base import Mode, _copy_array, refuse
 from .recurrent import Arrays
 
-__all__ = ["MODES", "Entry", "Mode", "Tail", "attention_caches", "grows_in_parts", "hold",
-           "holds_recurrent", "leaves", "mode_of", "offset", "offset_of", "plan_commit",
-           "put_back", "refuse", "rotating_kept", "rotating_present", "windows", "written"]
+__all__ = ["MODES", "Entry", "Mode", "Tail", "adopt", "adopts", "attention_caches", "fork", "forks",
+           "grows_in_parts", "hold", "holds_recurrent", "leaves", "mode_of", "offset",
+           "offset_of", "plan_commit", "put_back", "refuse", "rotating_kept", "rotating_present",
+           "windows", "written"]
 
 
 class Listed(Mode):
@@ -94,7 +98,7 @@ class Listed(Mode):
 
 MODES: Dict[type, Mode] = {
     KVCache: Appending(),
-    QuantizedKVCache: Appending(),
+    QuantizedKVCache: Quantized(),
     ChunkedKVCache: Chunked(),
     ConcatenateKVCache: Concatenate(),
     RotatingKVCache: Rotating(),
@@ -164,6 +168,29 @@ def attention_caches(cache: Sequence) -> list:
 
 def grows_in_parts(cache: Sequence) -> bool:
     return all(mode_of(c).grows_in_parts for c in cache)
+
+
+def forks(cache: Sequence) -> bool:
+    """Whether every cache of a model's list can be forked into batch rows."""
+    return all(mode_of(c).forks for c in cache)
+
+
+def fork(cache: Sequence, rows: mx.array) -> list:
+    """A model's cache list as ``rows.size`` batch rows, row i a copy of row
+    ``rows[i]`` of every cache (see :func:`forks`); ``cache`` unchanged."""
+    return [mode_of(c).fork(c, rows) for c in cache]
+
+
+def adopts(cache: Sequence) -> bool:
+    """Whether every cache of a model's list can adopt a forked row."""
+    return all(mode_of(c).adopts for c in cache)
+
+
+def adopt(cache: Sequence, forked: Sequence, row: int) -> None:
+    """Append to every cache the rows batch row ``row`` of its fork (a
+    :func:`fork` of the list, fed since) holds past the cache's offset."""
+    for c, f in zip(cache, forked):
+        mode_of(c).adopt(c, f, row)
 
 
 class Entry:

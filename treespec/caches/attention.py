@@ -1,6 +1,8 @@
 """The attention cache modes: KVCache and QuantizedKVCache (appending),
 ChunkedKVCache, ConcatenateKVCache and RotatingKVCache."""
 
+import copy
+
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import RotatingKVCache
@@ -11,6 +13,16 @@ from ..rows import move_keys_values
 from .base import Mode, _batch_refusal, _check_tail, _nothing, kept, refuse
 
 
+def _take_rows(v, rows):
+    """Keys or values (an array, or a quantized (packed, scales, biases)
+    list; None before any write) taken along the batch axis."""
+    if v is None:
+        return None
+    if type(v) in (tuple, list):
+        return type(v)(mx.take(x, rows, axis=0) for x in v)
+    return mx.take(v, rows, axis=0)
+
+
 class Appending(Mode):
     """KVCache, QuantizedKVCache: rows in time order in a step-allocated
     buffer; rows past ``offset`` are never read and later writes overwrite
@@ -18,9 +30,29 @@ class Appending(Mode):
 
     attention = True
     grows_in_parts = True
+    forks = True
 
     def offset(self, c):
         return c.offset
+
+    adopts = True
+
+    def fork(self, c, rows):
+        # The same attributes (offset, step, a quantized cache's bits and
+        # group size), the arrays taken along the batch axis: whole buffers,
+        # so that the rows' next writes land in place. Rows past offset are
+        # never read.
+        f = copy.copy(c)
+        f.keys, f.values = _take_rows(c.keys, rows), _take_rows(c.values, rows)
+        return f
+
+    def adopt(self, c, fork, row):
+        # The model's own update, with the rows the fork's update stored
+        # (slices: no gather, no copy of the fork's buffers).
+        start, end = c.offset, fork.offset
+        if end > start:
+            c.update_and_fetch(fork.keys[row:row + 1, :, start:end, :],
+                               fork.values[row:row + 1, :, start:end, :])
 
     def written(self, c):
         return c.keys is not None
@@ -62,6 +94,18 @@ class Appending(Mode):
         return prepare
 
 
+class Quantized(Appending):
+    """QuantizedKVCache: an appending cache whose rows are stored quantized.
+    It forks (the packed rows, scales and biases taken alike) but adopts no
+    forked row: its update quantizes what it is given, and the fork holds
+    rows already quantized."""
+
+    adopts = False
+
+    def adopt(self, c, fork, row):
+        return Mode.adopt(self, c, fork, row)
+
+
 class Chunked(Appending):
     """ChunkedKVCache (llama4): an appending buffer that drops its front once
     it holds more than a chunk. Verify is refused on it (its chunk mask is
@@ -69,6 +113,11 @@ class Chunked(Appending):
     one update wrote inside one chunk."""
 
     grows_in_parts = False
+    forks = False
+
+    def fork(self, c, rows):
+        # Its forward may drop the front rows: not a drafter's cache.
+        return Mode.fork(self, c, rows)
 
     def verify_refusal(self, c):
         # The one family that makes it (llama4) builds its chunk mask in the

@@ -62,6 +62,8 @@ class Mode:
     recurrent = False  # holds a recurrent layer's state
     grows_in_parts = False
     whole_trees_only = False
+    forks = False  # ``fork`` makes batch rows of it
+    adopts = False  # ``adopt`` takes a forked row's new rows back
 
     def offset(self, c) -> Optional[int]:
         return None
@@ -105,6 +107,18 @@ class Mode:
             return None
         keys = keys[-2] if isinstance(keys, (tuple, list)) else keys  # (packed, scales, biases)
         return keys.dtype if mx.issubdtype(keys.dtype, mx.floating) else None
+
+    def fork(self, c, rows: mx.array):
+        """A new cache of ``rows.size`` batch rows, row i a copy of ``c``'s
+        row ``rows[i]`` (a drafter's branches, each one row; ``c`` is left
+        as it is). Only where ``forks``."""
+        raise TypeError(f"a {type(c).__name__} cannot be forked into batch rows")
+
+    def adopt(self, c, fork, row: int) -> None:
+        """Append to ``c`` the rows batch row ``row`` of ``fork`` (a
+        :meth:`fork` of ``c``) holds past ``c``'s offset, as a forward over
+        them would have written them. Only where ``adopts``."""
+        raise TypeError(f"a {type(c).__name__} cannot adopt a forked row")
 
     def save(self, c):
         raise TypeError(f"the drafter cannot snapshot a {type(c).__name__}")

@@ -6,7 +6,9 @@ Layout: the shape is kept in first-choice order (treespec.tree
 ``first_choice_order``): every node's best child right after it, so the path
 of first choices is a prefix of the verified block and a round that accepts
 it moves no cache row at commit. The draft feeds the shape level by level,
-one draft forward per depth (its internal nodes at that depth in one batch).
+one draft forward per depth (its internal nodes at that depth in one batch):
+on the device, a level whose fed nodes are not one chain goes in as batch
+rows of one token each over the draft caches forked per row (``_Plan.rows``).
 """
 
 from collections import Counter
@@ -14,6 +16,7 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 
+from .. import caches
 from ..checks import integer
 from ..gate import shapes_for
 from ..tree import DraftTree, consecutive, first_choice_order, renumbered
@@ -106,6 +109,45 @@ class _Plan:
             # Consecutive rows (a spine's one fed node, its first choice) are
             # a slice: no gather on the device.
             self.gather_level.append(consecutive(idx) or mx.array(idx, dtype=mx.int32))
+        # Branches as batch rows: from the first level whose fed nodes are
+        # not one chain on, each fed node is a batch row of one token over a
+        # copy of its parent's row of the draft caches (caches.fork), so the
+        # level is a plain forward (one position per row: every node of a
+        # level has the same depth; no mask: a row holds only its own path).
+        # ``rows[r]``: the previous fed level's row of each fed node's parent
+        # (at the first wide level, the draft cache's one row), None where the
+        # level keeps its rows (each row feeds one child: no copy) or is still
+        # a chain in the draft cache. After the round the caches take back the
+        # rows of the last level's first row (caches.adopt: its ancestors past
+        # the chain, a round's first-choice path where the shape has one), so
+        # ``adopted_fed`` numbers them after the chain and marks every other
+        # node fed as a row unfed: a commit keeps the chain and that row's
+        # accepted prefix and queues the rest of the accepted path.
+        # ``branch_fed``: the same where the caches cannot adopt (none taken
+        # back).
+        self.rows, self.branch_fed = [], list(self.fed)
+        previous, last = [0], None
+        for expand, part, _ in self.fed_levels:
+            if part.is_linear():
+                self.rows.append(None)
+            else:
+                rows = [previous.index(shape[i]) for i in expand]
+                same = last is not None and rows == list(range(len(previous)))
+                self.rows.append(None if same else mx.array(rows, dtype=mx.int32))
+                for i in expand:
+                    self.branch_fed[i] = -1
+                last = expand
+            previous = expand
+        self.wide = last is not None
+        self.adopted_fed = list(self.branch_fed)
+        if last is not None:
+            lineage, node = [], last[0]
+            while self.branch_fed[node] < 0:
+                lineage.append(node)
+                node = shape[node]
+            kept = sum(f >= 0 for f in self.branch_fed)
+            for j, node in enumerate(reversed(lineage)):
+                self.adopted_fed[node] = kept + j
 
 
 class FixedTreeDrafter(_TopKTree):
@@ -172,16 +214,23 @@ class FixedTreeDrafter(_TopKTree):
         forward per level, on the lazy tokens of that level's internal nodes,
         gathered in one op from the fed nodes' device top-k. A growing cache
         continues the fed tree (a plain one-token forward while the fed
-        nodes form a chain, as a spine's do; else the tree injection alone,
-        ``Drafter.inject_level``); a cache that must take a
-        tree whole (sliding window, recurrent) is put back to the round's
-        start and fed the fed tree so far again, still one forward a level."""
+        nodes form a chain, as a spine's do); past that, each fed node is a
+        batch row of one token over its parent's row of the forked caches, a
+        plain forward with no mask and one position per row, the backend's
+        one-token attention, and the caches take back the first row's rows
+        (``_Plan.adopted_fed``). A cache that must take a tree whole
+        (sliding window, recurrent) is put back to the round's start and fed
+        the fed tree so far again, still one forward a level."""
         lead = self._start_round()
         offset = self._round_offset
         logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
         rows, fed_ids = [logits], []  # every level's logits; each level's fed ids
         fed_tokens = mx.array([root], dtype=mx.uint32)  # the dtype of argmax's ids
-        owners = None
+        # Wide levels as batch rows over forked caches (_Plan.rows). Every
+        # cache mode that grows in parts forks (caches.Appending); one that
+        # did not would raise, naming its class, at its fork.
+        batched = plan.wide and self.compacting
+        branches = self.cache
         for r, ((expand, part, start), gather) in enumerate(zip(plan.fed_levels,
                                                                 plan.gather_level)):
             # This level's tokens: the previous level's fed ids, ranked now
@@ -198,10 +247,10 @@ class FixedTreeDrafter(_TopKTree):
                 # the chain drafter's step, for every cache mode.
                 # squeeze, a view: an int index ([0]) would gather the rows
                 logits = self.model(tokens[None], cache=self.cache).squeeze(0)
-            elif self.compacting:
-                if owners is None:  # the round's first wide level: checked once
-                    owners = self.adapter.check(part, self.cache, start)
-                logits = self.inject_level(part, start, tokens, owners)
+            elif batched:
+                if plan.rows[r] is not None:
+                    branches = caches.fork(branches, plan.rows[r])
+                logits = self.model(tokens[:, None], cache=branches).squeeze(1)
             else:
                 self._restore()
                 logits = self.adapter.verify(part, self.cache, tokens=fed_tokens)[start:]
@@ -216,7 +265,14 @@ class FixedTreeDrafter(_TopKTree):
             mx.async_eval(fed_ids[-1])
         drafts = mx.take(mx.concatenate(fed_ids) if len(fed_ids) > 1 else fed_ids[0],
                          plan.gather_all)
-        return DeviceRound(root, plan.topology, drafts, plan.fed, offset,
+        fed = plan.fed
+        if batched:
+            # Lazy writes, evaluated with the next round's first draft forward.
+            adopted = caches.adopts(self.cache)
+            if adopted:
+                caches.adopt(self.cache, branches, 0)
+            fed = plan.adopted_fed if adopted else plan.branch_fed
+        return DeviceRound(root, plan.topology, drafts, fed, offset,
                            forwards=1 + len(plan.fed_levels))
 
     def _device_top(self, logits: mx.array, k: int) -> mx.array:
