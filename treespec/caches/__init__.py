@@ -39,7 +39,7 @@ and ``caches.recurrent`` (the modes), this module (the table, CacheList, and
 the lookups every other module uses).
 """
 
-from typing import Callable, Dict, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
@@ -222,17 +222,6 @@ def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Call
     return mode.plan_commit(c, where, tail, entry, recurrent)
 
 
-class _Own(NamedTuple):
-    """One cache held by its mode's own hold (``Mode.hold``)."""
-
-    mode: Mode
-    c: object
-    held: object
-
-    def put_back(self) -> None:
-        self.mode.put_back(self.c, self.held)
-
-
 class _Held:
     """One cache object and its attributes as they were (the hold of a mode
     that has none of its own)."""
@@ -243,8 +232,9 @@ class _Held:
         self.c = c
         self.attrs = {k: _held(v) for k, v in vars(c).items()}
 
-    def put_back(self) -> None:
-        _restored(self)
+
+def _put_back_held(c, held: _Held) -> None:
+    _restored(held)
 
 
 def _held(v):
@@ -283,7 +273,9 @@ def hold(cache: Sequence) -> list:
     for c in cache:
         mode = mode_of(c)
         own = mode.hold(c)
-        held.append(_Held(c) if own is None else _Own(mode, c, own))
+        # (how to put it back, the cache, what was held): a mode's own, or
+        # every attribute
+        held.append((_put_back_held, c, _Held(c)) if own is None else (mode.put_back, c, own))
     return held
 
 
@@ -293,5 +285,5 @@ def put_back(held: list) -> None:
     (whatever was written into them since: while the hold references a
     buffer, no evaluation can reuse it for a write; an appending cache's
     writes past its offset are never read)."""
-    for h in held:
-        h.put_back()
+    for put, c, h in held:
+        put(c, h)
