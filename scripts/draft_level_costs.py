@@ -24,7 +24,8 @@ rotated every repeat; ratios are medians of per-repeat ratios:
   two batch rows of one token each over a cache forked into two rows (how
   the branches of [2,1,1,1] could be drafted: no mask, one position per
   row, the backend's one-token attention), with the fork alone (every
-  layer's keys and values taken into two rows, once per round);
+  layer's keys and values copied into two rows, once per round: it grows
+  with ``--context``, the tokens in the draft cache, 64 by default);
 - host graph building alone of the tree levels and the plain forward
   (evaluated untimed after).
 """
@@ -35,9 +36,9 @@ import statistics
 import time
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, trim_prompt_cache
+from mlx_lm.models.cache import trim_prompt_cache
 
-from treespec import scaled
+from treespec import caches, scaled
 from treespec.draft.base import logprobs_of, top_children, top_ids
 from treespec.timing import interleaved, ratio
 from treespec.tree import DraftTree
@@ -57,11 +58,13 @@ def partition_top(logprobs, k):
 def main():
     ap = argparse.ArgumentParser()
     scaled.add_study_arguments(ap, repeats=7)
+    ap.add_argument("--context", type=int, default=CONTEXT,
+                    help="tokens in the draft cache before the level (the fork copies them)")
     args = ap.parse_args()
     _, draft, what = scaled.study_pair(args)
     scaled.announce(what + "; its drafter measured")
     adapter = adapter_for(draft)
-    cache = scaled.filled_cache(draft, CONTEXT)
+    cache = scaled.filled_cache(draft, args.context)
     # Level 2 of [2,1,1,1]: the root and its two children are in the cache
     # (fed by levels 0 and 1), the two grandchildren are fed now.
     level_tree = DraftTree([0, 1, 2, 3, 4], [-1, 0, 0, 1, 2])
@@ -125,19 +128,11 @@ def main():
             return dt
         return step
 
-    def forked(c, rows):
-        """A KVCache of ``len(rows)`` batch rows, row i a copy of ``c``'s row rows[i]."""
-        f = KVCache()
-        f.keys, f.values = mx.take(c.keys, rows, axis=0), mx.take(c.values, rows, axis=0)
-        f.offset = c.offset
-        return f
-
-    two = mx.array([0, 0])
-    branches = [forked(c, two) for c in cache]  # two rows, each the context alone
+    branches = caches.fork(cache, [0, 0])  # two rows, each the context alone
     mx.eval([c.state for c in branches])
 
     def fork():
-        mx.eval([f.state for f in (forked(c, two) for c in cache)])
+        mx.eval([f.state for f in caches.fork(cache, [0, 0])])
 
     def batch():
         # As a level past the fork: each row holds the context and its own
@@ -150,7 +145,7 @@ def main():
         trim_prompt_cache(branches, 2)
         return dt
 
-    if all(type(c) is KVCache for c in cache):
+    if caches.forks(cache):
         items["draft forward, 2 batch rows of 1 token (branches)"] = batch
         items["fork of the draft cache into 2 batch rows"] = fork
         refs["draft forward, 2 batch rows of 1 token (branches)"] = \

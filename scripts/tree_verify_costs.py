@@ -20,7 +20,8 @@ reference's time in the same repeat (so a busy machine moves both alike):
   the mask alone, both; sdpa with mlx-lm's "causal", a bool and an additive
   mask in the activation dtype;
 - drafting one round alone, per drafter kind, against a chain of the same
-  depth (4): chain b=5, the spine, [2,1,1,1], the confidence tree of budget 4
+  depth (4): chain b=5, the spine, [2,1,1,1] (its wide levels injected, and
+  as batch rows: ``batch_levels``), the confidence tree of budget 4
   and of budget 8 (depth 8, against chain b=9); and the host graph building
   alone of the rounds drafted on the device (chain b=5, the spine,
   [2,1,1,1]), nothing started while it is built, against chain b=5's: what
@@ -49,7 +50,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
 from treespec import scaled
-from treespec.draft import make_drafter
+from treespec.draft import FixedTreeDrafter, make_drafter
 from treespec.graph_census import difference, primitives
 from treespec.rollback import capture_written, commit_path, snapshot
 from treespec.timing import interleaved, ratio
@@ -76,7 +77,8 @@ mx.eval = counted_eval  # this script's own counter of host evaluations
 
 # Drafters whose rounds are built without a host evaluation (the device
 # rounds): their graph building can be timed apart from the device's work.
-DRAFTING_BUILT = ("chain b=5", "spine (depth 4)", "[2,1,1,1] (depth 4)")
+DRAFTING_BUILT = ("chain b=5", "spine (depth 4)", "[2,1,1,1] (depth 4)",
+                  "[2,1,1,1] (depth 4), batch levels")
 
 
 @contextmanager
@@ -254,12 +256,17 @@ def main():
                 "chain b=9": dict(mode="chain", block=9),
                 "spine (depth 4)": dict(mode="tree", parents=SPINE),
                 "[2,1,1,1] (depth 4)": dict(mode="tree", branching=BRANCHING),
+                "[2,1,1,1] (depth 4), batch levels": FixedTreeDrafter(branching=BRANCHING,
+                                                                     batch_levels=True),
                 "confidence n=4 (depth 4)": dict(mode="tree", budget=4),
                 "confidence n=8 (depth 8)": dict(mode="tree", budget=8)}
     counts, census = {}, {}
     for name, kw in drafters.items():
-        kw = dict(kw)
-        drafter = make_drafter(kw.pop("mode"), **kw)
+        if isinstance(kw, dict):
+            kw = dict(kw)
+            drafter = make_drafter(kw.pop("mode"), **kw)
+        else:
+            drafter = kw
         drafter.start(draft, list(range(CONTEXT)))
 
         def round_alone(drafter=drafter, name=name):

@@ -89,18 +89,20 @@ def fed_as_batch_rows(rnd) -> list:
     return out
 
 
+@pytest.mark.parametrize("batch_levels", [False, True], ids=["injected", "batch-rows"])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape):
-    """The same tree every round; the device round drafts a wide level's
-    nodes as batch rows of forked caches, of which its cache takes one row
-    back, where the host feeds them all through the tree injection into its
-    one: after each commit both drafters hold the same committed text, each
-    cache a prefix of it, the rest of the accepted path queued for the next
-    root."""
+def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape, batch_levels):
+    """The same tree every round and the same fed rows, or with
+    ``batch_levels`` (a wide level's nodes as batch rows of forked caches, of
+    which the cache takes one row back, where the host feeds them all
+    through the tree injection) the host's rows before the first wide level
+    and that row's: after each commit both drafters hold the same committed
+    text, each cache a prefix of it, the rest of the accepted path queued for
+    the next root."""
     model = helpers.model(family)
     prompt = list(helpers.tokens(12, seed=3))
-    device, host = FixedTreeDrafter(**shape), FixedTreeDrafter(**shape)
+    device, host = FixedTreeDrafter(**shape, batch_levels=batch_levels), FixedTreeDrafter(**shape)
     host.on_device = False
     for d in (device, host):
         d.start(model, prompt[:-1])
@@ -110,7 +112,7 @@ def test_a_tree_drafted_on_the_device_is_the_tree_the_host_drafts(family, shape)
         a, b = device.draft(root, limit), host.draft(root, limit)
         assert isinstance(a, DeviceRound) and not isinstance(b, DeviceRound)
         assert a.tree == b.tree and a.offset == b.offset
-        assert a.fed == fed_as_batch_rows(b)
+        assert a.fed == (fed_as_batch_rows(b) if batch_levels else b.fed)
         # Alternate between paths to fed nodes and to unfed leaves.
         path = deepest_path(a.tree, last_child=rnd_no % 2 == 1)
         for d, r in ((device, a), (host, b)):
@@ -145,21 +147,29 @@ class Shapes:
         return self.model(x, cache=cache)
 
 
-@pytest.mark.parametrize("shape, fed", [
+@pytest.mark.parametrize("shape, injected, batch_rows", [
     # (batch rows, tokens) of each draft forward of a round
-    (dict(branching=[2, 1, 1, 1]), [(1, 1), (2, 1), (2, 1), (2, 1)]),
-    (dict(branching=[2, 2, 1]), [(1, 1), (2, 1), (4, 1)]),
+    (dict(branching=[2, 1, 1, 1]), [(1, 1), (1, 2), (1, 2), (1, 2)],
+     [(1, 1), (2, 1), (2, 1), (2, 1)]),
+    (dict(branching=[2, 2, 1]), [(1, 1), (1, 2), (1, 4)], [(1, 1), (2, 1), (4, 1)]),
     # a spine: its fed nodes are one chain, in the draft cache itself
-    (dict(parents=[-1, 0, 0, 1, 1, 3, 3]), [(1, 1), (1, 1), (1, 1)]),
+    (dict(parents=[-1, 0, 0, 1, 1, 3, 3]), [(1, 1), (1, 1), (1, 1)], [(1, 1), (1, 1), (1, 1)]),
 ], ids=["2x1x1x1", "2x2x1", "spine"])
-def test_a_wide_level_is_drafted_as_batch_rows_of_one_token(shape, fed):
+def test_a_wide_level_is_one_forward_of_its_nodes_or_with_batch_levels_of_batch_rows(
+        shape, injected, batch_rows):
     model = helpers.model("llama")
     prompt = list(helpers.tokens(10, seed=4))
-    drafter = FixedTreeDrafter(**shape)
-    drafter.start(model, prompt[:-1])
-    drafter.model = recorder = Shapes(model)
-    drafter.draft(prompt[-1])
-    assert recorder.seen == fed
+    for batch_levels, fed in ((False, injected), (True, batch_rows)):
+        drafter = FixedTreeDrafter(**shape, batch_levels=batch_levels)
+        drafter.start(model, prompt[:-1])
+        drafter.model = recorder = Shapes(model)
+        drafter.draft(prompt[-1])
+        assert recorder.seen == fed, batch_levels
+
+
+def test_batch_levels_is_a_flag():
+    with pytest.raises(TypeError, match="batch_levels"):
+        FixedTreeDrafter(branching=[2, 1], batch_levels="yes")
 
 
 @pytest.mark.parametrize("shape, limit, ranked", [

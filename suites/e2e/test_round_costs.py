@@ -25,6 +25,8 @@ DRAFTERS = {
     "chain-b5": (lambda: ChainDrafter(5), 4),
     "fixed-2x2x1": (lambda: FixedTreeDrafter(branching=[2, 2, 1]), 3),
     "fixed-2x1x1x1": (lambda: FixedTreeDrafter(branching=[2, 1, 1, 1]), 4),
+    "fixed-2x2x1-batch-levels": (lambda: FixedTreeDrafter(branching=[2, 2, 1],
+                                                          batch_levels=True), 3),
     "spine": (lambda: FixedTreeDrafter(parents=[-1, 0, 0, 1, 1, 3, 3, 5, 5]), 4),
     "confidence-n6-w3": (lambda: ConfidenceDrafter(6, width=3), 6),
     "confidence-n4-w4": (lambda: ConfidenceDrafter(4, width=4), 4),

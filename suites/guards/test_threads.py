@@ -164,13 +164,13 @@ def drafted(drafter, model, context, root):
     return drafter.draft(root).tree
 
 
-def test_a_tree_verify_waits_for_a_drafting_level_of_the_same_model():
-    """A confidence tree's wide level injects without ``adapter.verify`` (no
+@pytest.mark.parametrize("shape", [dict(branching=[2, 1]), dict(budget=4, width=2)],
+                         ids=["fixed [2,1]", "confidence n=4 width 2"])
+def test_a_tree_verify_waits_for_a_drafting_level_of_the_same_model(shape):
+    """A tree drafter's wide level injects without ``adapter.verify`` (no
     snapshot to keep), still holding the verify's turn: a verify of the same
-    model in another thread queues instead of meeting the level's ropes. (A
-    fixed tree's wide level is a plain forward over batch rows: no rope is
-    stood in for.)"""
-    mode = dict(mode="tree", budget=4, width=2)
+    model in another thread queues instead of meeting the level's ropes."""
+    mode = dict(mode="tree", **shape)
     model = helpers.own_llama()
     context, root = helpers.prompt(10, seed=4), 7
     want_tree = drafted(make_drafter(**mode), model, context, root)

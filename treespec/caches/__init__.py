@@ -175,9 +175,10 @@ def forks(cache: Sequence) -> bool:
     return all(mode_of(c).forks for c in cache)
 
 
-def fork(cache: Sequence, rows: mx.array) -> list:
-    """A model's cache list as ``rows.size`` batch rows, row i a copy of row
-    ``rows[i]`` of every cache (see :func:`forks`); ``cache`` unchanged."""
+def fork(cache: Sequence, rows: Sequence[int]) -> list:
+    """A model's cache list as ``len(rows)`` batch rows, row i a copy of row
+    ``rows[i]`` of every cache (``rows`` non-decreasing; see :func:`forks`);
+    ``cache`` unchanged."""
     return [mode_of(c).fork(c, rows) for c in cache]
 
 

@@ -2,7 +2,7 @@
 cache treespec can neither verify into nor roll back), and the checks the
 modes share."""
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import mlx.core as mx
 
@@ -108,10 +108,10 @@ class Mode:
         keys = keys[-2] if isinstance(keys, (tuple, list)) else keys  # (packed, scales, biases)
         return keys.dtype if mx.issubdtype(keys.dtype, mx.floating) else None
 
-    def fork(self, c, rows: mx.array):
-        """A new cache of ``rows.size`` batch rows, row i a copy of ``c``'s
+    def fork(self, c, rows: Sequence[int]):
+        """A new cache of ``len(rows)`` batch rows, row i a copy of ``c``'s
         row ``rows[i]`` (a drafter's branches, each one row; ``c`` is left
-        as it is). Only where ``forks``."""
+        as it is; ``rows`` non-decreasing). Only where ``forks``."""
         raise TypeError(f"a {type(c).__name__} cannot be forked into batch rows")
 
     def adopt(self, c, fork, row: int) -> None:

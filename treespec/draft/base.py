@@ -276,11 +276,25 @@ class Drafter:
         for row, node in enumerate(fed_nodes):
             self._logits[node] = logprobs[row]
 
+    def inject_level(self, part: DraftTree, start: int, tokens: mx.array,
+                     owners: list) -> mx.array:
+        """The logits of the fed tree's nodes ``start..`` (``tokens``, maybe
+        lazy), fed on a growing cache that holds nodes ``0..start-1``: one
+        forward through the adapter's tree injection (masks, per-node
+        positions), what ``adapter.verify(part, cache, start=start)`` runs
+        on such a cache, without the bookkeeping a drafter never reads
+        (the snapshot for the adapter's commit: a draft commit is a trim).
+        ``owners``: what ``adapter.check`` returned for this round's caches,
+        checked once per round (nothing else writes them between levels)."""
+        with self.level_turn(), self.adapter.injection(self.cache, part, owners, start) as probe:
+            logits = self.model(tokens[None], cache=self.cache).squeeze(0)
+            probe()
+        return logits
+
     @contextmanager
     def level_turn(self):
         """What a tree verify holds (treespec.verify.guard), held by a
-        drafting level that injects without ``adapter.verify`` (the
-        confidence tree's): the
+        drafting level that injects without ``adapter.verify``: the
         process's turn (another verify of this model would meet the swapped
         ropes) and the draft caches, put back if the forward raises."""
         with TURN, restored_on_error(self.cache):

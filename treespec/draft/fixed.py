@@ -7,8 +7,12 @@ Layout: the shape is kept in first-choice order (treespec.tree
 of first choices is a prefix of the verified block and a round that accepts
 it moves no cache row at commit. The draft feeds the shape level by level,
 one draft forward per depth (its internal nodes at that depth in one batch):
-on the device, a level whose fed nodes are not one chain goes in as batch
-rows of one token each over the draft caches forked per row (``_Plan.rows``).
+on the device, a level whose fed nodes are not one chain goes in through the
+tree injection, or, with ``batch_levels``, as batch rows of one token each
+over the draft caches forked per row (``_Plan.rows``). Off by default: on
+this project's CPU a batch level reads the history once per row, and costs
+1.8x a one-token level at 2048 tokens of context against the injected
+level's 1.3x (README, "Wide drafting levels as batch rows").
 """
 
 from collections import Counter
@@ -131,9 +135,11 @@ class _Plan:
             if part.is_linear():
                 self.rows.append(None)
             else:
-                rows = [previous.index(shape[i]) for i in expand]
-                same = last is not None and rows == list(range(len(previous)))
-                self.rows.append(None if same else mx.array(rows, dtype=mx.int32))
+                # non-decreasing: a level's nodes and their parents are both
+                # in node order (first-choice order numbers depth first)
+                rows = tuple(previous.index(shape[i]) for i in expand)
+                same = last is not None and rows == tuple(range(len(previous)))
+                self.rows.append(None if same else rows)
                 for i in expand:
                     self.branch_fed[i] = -1
                 last = expand
@@ -159,8 +165,13 @@ class FixedTreeDrafter(_TopKTree):
     kind = "fixed"
 
     def __init__(self, branching: Optional[Sequence[int]] = None,
-                 parents: Optional[Sequence[int]] = None):
+                 parents: Optional[Sequence[int]] = None, batch_levels: bool = False):
         super().__init__()
+        if not isinstance(batch_levels, bool):
+            raise TypeError(f"batch_levels must be True or False, got {batch_levels!r}")
+        # Wide levels of a device round as batch rows of forked draft caches
+        # (where every draft cache forks) instead of through the injection.
+        self.batch_levels = batch_levels
         if (branching is None) == (parents is None):
             raise ValueError("give exactly one of branching factors or parent lists")
         if branching is not None:
@@ -214,22 +225,23 @@ class FixedTreeDrafter(_TopKTree):
         forward per level, on the lazy tokens of that level's internal nodes,
         gathered in one op from the fed nodes' device top-k. A growing cache
         continues the fed tree (a plain one-token forward while the fed
-        nodes form a chain, as a spine's do); past that, each fed node is a
-        batch row of one token over its parent's row of the forked caches, a
-        plain forward with no mask and one position per row, the backend's
-        one-token attention, and the caches take back the first row's rows
-        (``_Plan.adopted_fed``). A cache that must take a tree whole
-        (sliding window, recurrent) is put back to the round's start and fed
-        the fed tree so far again, still one forward a level."""
+        nodes form a chain, as a spine's do); past that, the tree injection
+        alone (``Drafter.inject_level``), or with ``batch_levels``, where
+        every draft cache forks, each fed node a batch row of one token over
+        its parent's row of the forked caches (a plain forward with no mask
+        and one position per row, the backend's one-token attention; the
+        caches take back the first row's rows: ``_Plan.adopted_fed``). A
+        cache that must take a tree whole (sliding window, recurrent) is put
+        back to the round's start and fed the fed tree so far again, still
+        one forward a level."""
         lead = self._start_round()
         offset = self._round_offset
         logits = self.model(mx.array(lead + [root])[None], cache=self.cache)[0, -1:]
         rows, fed_ids = [logits], []  # every level's logits; each level's fed ids
         fed_tokens = mx.array([root], dtype=mx.uint32)  # the dtype of argmax's ids
-        # Wide levels as batch rows over forked caches (_Plan.rows). Every
-        # cache mode that grows in parts forks (caches.Appending); one that
-        # did not would raise, naming its class, at its fork.
-        batched = plan.wide and self.compacting
+        owners = None
+        batched = (self.batch_levels and plan.wide and self.compacting
+                   and caches.forks(self.cache))
         branches = self.cache
         for r, ((expand, part, start), gather) in enumerate(zip(plan.fed_levels,
                                                                 plan.gather_level)):
@@ -251,6 +263,10 @@ class FixedTreeDrafter(_TopKTree):
                 if plan.rows[r] is not None:
                     branches = caches.fork(branches, plan.rows[r])
                 logits = self.model(tokens[:, None], cache=branches).squeeze(1)
+            elif self.compacting:
+                if owners is None:  # the round's first wide level: checked once
+                    owners = self.adapter.check(part, self.cache, start)
+                logits = self.inject_level(part, start, tokens, owners)
             else:
                 self._restore()
                 logits = self.adapter.verify(part, self.cache, tokens=fed_tokens)[start:]
@@ -302,7 +318,10 @@ class FixedTreeDrafter(_TopKTree):
         return DraftRound(tree, fed, self._round_offset, self._fed_tree, forwards=self._forwards)
 
     def describe(self):
-        return {"kind": self.kind, "branching": self.branching, "budget": self.budget()}
+        out = {"kind": self.kind, "branching": self.branching, "budget": self.budget()}
+        if self.batch_levels:
+            out["batch_levels"] = True
+        return out
 
     def probe_shapes(self, limit: Optional[int] = None):
         # The shape, and its prefixes (what a round cut short by max_tokens
