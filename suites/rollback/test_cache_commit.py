@@ -252,9 +252,11 @@ def test_a_forked_cache_is_each_row_what_its_source_row_would_see_and_the_source
     (fork,) = caches.fork([c], [0, 0, 0])
     seen = feed(fork, tuple(mx.concatenate([kv[i] for kv in nexts]) for i in (0, 1)))
     assert fingerprint(c) == before
+    alones = []
     for i, kv in enumerate(nexts):
         alone = copy.deepcopy(c)
         want = feed(alone, kv)
+        alones.append(alone)
         assert_same(mx_tree_map(lambda a: a[i:i + 1], seen), want, f"row {i}")
         # Taking the row back: the source as if it had been fed that row.
         back = copy.deepcopy(c)
@@ -264,3 +266,12 @@ def test_a_forked_cache_is_each_row_what_its_source_row_would_see_and_the_source
             continue
         caches.adopt([back], [fork], i)
         assert_same(observe(back), observe(alone), f"row {i} adopted")
+    # Forks of the fork, rows out of order and repeated (evenly, unevenly):
+    # row j continues source row rows2[j].
+    for rows2 in ([1, 1, 0, 0, 2, 2], [2, 0, 0, 1]):
+        nexts2 = [rows(mode, 1, rng) for _ in rows2]
+        (fork2,) = caches.fork([fork], rows2)
+        seen2 = feed(fork2, tuple(mx.concatenate([kv[i] for kv in nexts2]) for i in (0, 1)))
+        for j, (i, kv) in enumerate(zip(rows2, nexts2)):
+            want = feed(copy.deepcopy(alones[i]), kv)
+            assert_same(mx_tree_map(lambda a: a[j:j + 1], seen2), want, f"{rows2}: row {j}")

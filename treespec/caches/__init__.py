@@ -177,8 +177,7 @@ def forks(cache: Sequence) -> bool:
 
 def fork(cache: Sequence, rows: Sequence[int]) -> list:
     """A model's cache list as ``len(rows)`` batch rows, row i a copy of row
-    ``rows[i]`` of every cache (``rows`` non-decreasing; see :func:`forks`);
-    ``cache`` unchanged."""
+    ``rows[i]`` of every cache (see :func:`forks`); ``cache`` unchanged."""
     return [mode_of(c).fork(c, rows) for c in cache]
 
 

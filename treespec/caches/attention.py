@@ -16,17 +16,17 @@ from .base import Mode, _batch_refusal, _check_tail, _nothing, kept, refuse
 
 def _take_rows(v, rows):
     """Keys or values (an array, or a quantized (packed, scales, biases)
-    list; None before any write) with batch rows ``rows`` (non-decreasing
-    source rows): each source row repeated as many times as it is asked
-    for, one copy each. Not ``mx.take``: on MLX's CPU backend a gather along
-    the batch axis of such buffers costs up to 30x a copy."""
+    list; None before any write) with batch rows ``rows``: each run of one
+    source row repeated as often as it is asked for, one copy each. Not
+    ``mx.take``: on MLX's CPU backend a gather along the batch axis of such
+    buffers costs up to 30x a copy."""
     if v is None:
         return None
     if type(v) in (tuple, list):
         return type(v)(_take_rows(x, rows) for x in v)
     runs = [(r, len(list(g))) for r, g in groupby(rows)]
-    if len(runs) == v.shape[0] and len({n for _, n in runs}) == 1:
-        return mx.repeat(v, runs[0][1], axis=0)  # every row, as often each
+    if [r for r, _ in runs] == list(range(v.shape[0])) and len({n for _, n in runs}) == 1:
+        return mx.repeat(v, runs[0][1], axis=0)  # every row in order, as often each
     return mx.concatenate([mx.repeat(v[r:r + 1], n, axis=0) for r, n in runs])
 
 

@@ -111,7 +111,7 @@ class Mode:
     def fork(self, c, rows: Sequence[int]):
         """A new cache of ``len(rows)`` batch rows, row i a copy of ``c``'s
         row ``rows[i]`` (a drafter's branches, each one row; ``c`` is left
-        as it is; ``rows`` non-decreasing). Only where ``forks``."""
+        as it is). Only where ``forks``."""
         raise TypeError(f"a {type(c).__name__} cannot be forked into batch rows")
 
     def adopt(self, c, fork, row: int) -> None:

@@ -135,8 +135,6 @@ class _Plan:
             if part.is_linear():
                 self.rows.append(None)
             else:
-                # non-decreasing: a level's nodes and their parents are both
-                # in node order (first-choice order numbers depth first)
                 rows = tuple(previous.index(shape[i]) for i in expand)
                 same = last is not None and rows == tuple(range(len(previous)))
                 self.rows.append(None if same else rows)
