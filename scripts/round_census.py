@@ -14,7 +14,8 @@ are started on their own (``mx.async_eval``) and are not in the count
 (``tree_verify_costs.py`` counts a drafting round). Counting walks each round's graph
 (``mx.export_to_dot``), so the times are from a second, uncounted decode of the same
 prompt; every configuration is decoded once untimed first. ``--configs``: ``chain:B``,
-``branching:2,1,1,1``, ``parents:-1,0,0,1,1`` (space separated).
+``branching:2,1,1,1``, ``rows:2,1,1,1`` (the same with its wide levels as batch rows:
+``FixedTreeDrafter(batch_levels=True)``), ``parents:-1,0,0,1,1`` (space separated).
 
 ``--start-commits`` adds, per configuration, a row whose target commits are started on their
 own right after each commit (``mx.async_eval`` of the caches' state), so that no round's
@@ -30,6 +31,7 @@ import mlx.core as mx
 
 from treespec import scaled
 from treespec.decode import decode
+from treespec.draft import FixedTreeDrafter
 from treespec.graph_census import difference, primitives
 from treespec.models import vocab_size
 from treespec.verify.adapter import adapter_for
@@ -45,7 +47,11 @@ def config(spec: str) -> dict:
         return {"mode": "chain", "block": int(value)}
     if kind in ("branching", "parents"):
         return {"mode": "tree", kind: [int(x) for x in value.split(",")]}
-    raise SystemExit(f"--configs: {spec!r} is not chain:B, branching:... or parents:...")
+    if kind == "rows":
+        return {"mode": "tree", "drafter": FixedTreeDrafter(
+            branching=[int(x) for x in value.split(",")], batch_levels=True)}
+    raise SystemExit(f"--configs: {spec!r} is not chain:B, branching:..., rows:... or "
+                     "parents:...")
 
 
 class Loop:

@@ -11,6 +11,8 @@
 #     curve   the verify cost curve at T = 1..17
 #     census  round_census.py --start-commits: the primitives each round evaluates inside the
 #             decode loop, and each configuration again with its commits started on their own
+#     census-rows  round_census.py of chain b=5 and [2,1,1,1] with its wide levels injected
+#             and as batch rows (FixedTreeDrafter(batch_levels=True)), commits as they are
 #     census-nographs, census-graphcache  the same with MLX_USE_CUDA_GRAPHS=0, and with
 #             MLX_CUDA_GRAPH_CACHE_SIZE=4000 (whether a tree round's evaluation, as many
 #             primitives as a chain round's, costs more for CUDA graphs it cannot reuse)
@@ -55,6 +57,8 @@ for step in ${STEPS:-costs:150 levels:80 curve:60 bench:280}; do
   curve) run curve "$limit" python3 -m treespec.costcurve --dims "$dims" --dtypes bfloat16 \
     --Ts 1,3,5,7,9,11,13,15,17 ;;
   census) run census "$limit" python3 scripts/round_census.py --dims "$dims" --start-commits ;;
+  census-rows) run census-rows "$limit" python3 scripts/round_census.py --dims "$dims" \
+    --configs "chain:5 branching:2,1,1,1 rows:2,1,1,1" ;;
   census-nographs) MLX_USE_CUDA_GRAPHS=0 run census-nographs "$limit" \
     python3 scripts/round_census.py --dims "$dims" --start-commits ;;
   census-graphcache) MLX_CUDA_GRAPH_CACHE_SIZE=4000 run census-graphcache "$limit" \
@@ -63,7 +67,7 @@ for step in ${STEPS:-costs:150 levels:80 curve:60 bench:280}; do
     "--trees=$(spine 4) $(spine 5) $(spine 7) 2,1,1,1" ;;
   deep) bench deep "$limit" --blocks 7,9,11 --no-mlx-lm --no-confidence --repeats 11 \
     "--trees=$(spine 5) $(spine 6) $(spine 7) $(spine 8)" ;;
-  *) echo "unknown step $name (costs levels curve census census-nographs census-graphcache" \
+  *) echo "unknown step $name (costs levels curve census census-rows census-nographs census-graphcache" \
     "bench deep)"; exit 2 ;;
   esac
 done
