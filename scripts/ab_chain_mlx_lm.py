@@ -29,8 +29,7 @@ import statistics
 import time
 
 from treespec import scaled
-from treespec.bench import PROMPTS, mlx_lm_run
-from treespec.checkpoints import load_default_pair
+from treespec.bench import mlx_lm_run
 from treespec.decode import decode
 from treespec.flags import parse_blocks
 
@@ -44,14 +43,7 @@ def main():
     ap.add_argument("--pair", choices=("default", "weak", "scaled"), default="default")
     scaled.add_pair_arguments(ap)
     args = ap.parse_args()
-    if args.pair == "scaled":
-        target, draft = scaled.pair_from_arguments(args)
-        prompts = scaled.default_prompts(2)
-        what = f"scaled {args.dims[0]}x{args.dims[1]}, alpha {args.alpha}"
-    else:
-        target, draft, tok = load_default_pair(args.pair)
-        prompts = [tok.encode(p) for p in PROMPTS[:2]]
-        what = f"trained pair, {args.pair} drafter"
+    target, draft, prompts, what = scaled.decoding_pair(args, 2)
     n = args.max_tokens
     print(f"{what}; {len(prompts)} prompts x {n} tokens, {args.repeats} interleaved repeats")
     ref = [decode(target, p, max_tokens=n).tokens for p in prompts]

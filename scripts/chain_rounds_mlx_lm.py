@@ -18,8 +18,7 @@ number of prompts on which they differ.
 import argparse
 
 from treespec import scaled
-from treespec.bench import PROMPTS, mlx_lm_run
-from treespec.checkpoints import load_default_pair
+from treespec.bench import mlx_lm_run
 from treespec.decode import decode
 from treespec.flags import parse_blocks
 
@@ -29,18 +28,12 @@ def main():
     ap.add_argument("--blocks", type=parse_blocks, default=[3, 4, 5, 7])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=8,
-                    help="seeded prompts of the scaled pair (the trained pairs take bench's)")
+                    help="prompts: the scaled pair's seeded ones, or the first of bench's "
+                    "(8) for the trained pairs")
     ap.add_argument("--pair", choices=("default", "weak", "scaled"), default="scaled")
     scaled.add_pair_arguments(ap)
     args = ap.parse_args()
-    if args.pair == "scaled":
-        target, draft = scaled.pair_from_arguments(args)
-        prompts = scaled.default_prompts(args.prompts)
-        what = f"scaled {args.dims[0]}x{args.dims[1]}, alpha {args.alpha}"
-    else:
-        target, draft, tok = load_default_pair(args.pair)
-        prompts = [tok.encode(p) for p in PROMPTS]
-        what = f"trained pair, {args.pair} drafter"
+    target, draft, prompts, what = scaled.decoding_pair(args, args.prompts)
     n = args.max_tokens
     print(f"{what}; {len(prompts)} prompts x {n} tokens")
     ref = [decode(target, p, max_tokens=n).tokens for p in prompts]

@@ -24,6 +24,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from .bench_prompts import PROMPTS
 from .checkpoints import load_default_pair
 from .costcurve import build_llama, parse_dims
 from .models import n_params
@@ -56,6 +57,19 @@ def add_study_arguments(ap: argparse.ArgumentParser, repeats: int):
                     help="the built-in trained pair (its target and that drafter) instead")
     ap.add_argument("--repeats", type=int, default=repeats)
     ap.add_argument("--calls", type=int, default=5, help="timed calls per item and repeat")
+
+
+def decoding_pair(args, n: int):
+    """(target, drafter, ``n`` prompts, what they are) for a script whose
+    ``--pair`` is default|weak (the trained pair with that drafter, bench's
+    Python prompts) or scaled (``add_pair_arguments``' seeded pair and its
+    seeded token prompts)."""
+    if args.pair == "scaled":
+        target, draft = pair_from_arguments(args)
+        return (target, draft, default_prompts(n),
+                f"scaled {args.dims[0]}x{args.dims[1]}, alpha {args.alpha}")
+    target, draft, tok = load_default_pair(args.pair)
+    return target, draft, [tok.encode(p) for p in PROMPTS[:n]], f"trained pair, {args.pair} drafter"
 
 
 def study_pair(args):
