@@ -252,21 +252,16 @@ def main():
             refs[key] = "sdpa 9x128, causal mask"
 
     # -- drafting one round, per drafter kind --------------------------------
-    drafters = {"chain b=5": dict(mode="chain", block=5),
-                "chain b=9": dict(mode="chain", block=9),
-                "spine (depth 4)": dict(mode="tree", parents=SPINE),
-                "[2,1,1,1] (depth 4)": dict(mode="tree", branching=BRANCHING),
+    drafters = {"chain b=5": make_drafter("chain", block=5),
+                "chain b=9": make_drafter("chain", block=9),
+                "spine (depth 4)": make_drafter("tree", parents=SPINE),
+                "[2,1,1,1] (depth 4)": make_drafter("tree", branching=BRANCHING),
                 "[2,1,1,1] (depth 4), batch levels": FixedTreeDrafter(branching=BRANCHING,
                                                                      batch_levels=True),
-                "confidence n=4 (depth 4)": dict(mode="tree", budget=4),
-                "confidence n=8 (depth 8)": dict(mode="tree", budget=8)}
+                "confidence n=4 (depth 4)": make_drafter("tree", budget=4),
+                "confidence n=8 (depth 8)": make_drafter("tree", budget=8)}
     counts, census = {}, {}
-    for name, kw in drafters.items():
-        if isinstance(kw, dict):
-            kw = dict(kw)
-            drafter = make_drafter(kw.pop("mode"), **kw)
-        else:
-            drafter = kw
+    for name, drafter in drafters.items():
         drafter.start(draft, list(range(CONTEXT)))
 
         def round_alone(drafter=drafter, name=name):

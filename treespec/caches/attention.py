@@ -38,11 +38,10 @@ class Appending(Mode):
     attention = True
     grows_in_parts = True
     forks = True
+    adopts = True
 
     def offset(self, c):
         return c.offset
-
-    adopts = True
 
     def fork(self, c, rows):
         # The same attributes (offset, step, a quantized cache's bits and
