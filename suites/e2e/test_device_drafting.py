@@ -167,9 +167,13 @@ def test_a_wide_level_is_one_forward_of_its_nodes_or_with_batch_levels_of_batch_
         assert recorder.seen == fed, batch_levels
 
 
-def test_batch_levels_is_a_flag():
+def test_batch_levels_is_a_flag_refused_where_the_draft_caches_cannot_fork():
     with pytest.raises(TypeError, match="batch_levels"):
         FixedTreeDrafter(branching=[2, 1], batch_levels="yes")
+    # gemma3's sliding-window caches take a tree whole: no level is fed in parts
+    drafter = FixedTreeDrafter(branching=[2, 1], batch_levels=True)
+    with pytest.raises(ValueError, match="batch_levels: .*RotatingKVCache"):
+        drafter.start(helpers.model("gemma3_text"), list(helpers.tokens(6, seed=2)))
 
 
 @pytest.mark.parametrize("shape, limit, ranked", [

@@ -168,7 +168,8 @@ class FixedTreeDrafter(_TopKTree):
         if not isinstance(batch_levels, bool):
             raise TypeError(f"batch_levels must be True or False, got {batch_levels!r}")
         # Wide levels of a device round as batch rows of forked draft caches
-        # (where every draft cache forks) instead of through the injection.
+        # instead of through the injection (refused by start() where the
+        # draft caches cannot fork).
         self.batch_levels = batch_levels
         if (branching is None) == (parents is None):
             raise ValueError("give exactly one of branching factors or parent lists")
@@ -207,6 +208,17 @@ class FixedTreeDrafter(_TopKTree):
             self._plans[n] = _Plan(self.shape[:n])
         return self._plans[n]
 
+    def start(self, model, *args, **kwargs):
+        super().start(model, *args, **kwargs)
+        if self.batch_levels and not (self.on_device and self.compacting
+                                      and caches.forks(self.cache)):
+            why = ("its rounds are drafted on the host" if not self.on_device else
+                   "its draft caches take a tree whole or cannot be forked into batch rows "
+                   f"({', '.join(sorted({type(c).__name__ for c in self.cache}))})")
+            self.model = self.cache = None
+            raise ValueError(f"batch_levels: {why}; a wide level would go through the tree "
+                             "injection anyway")
+
     # Children are the draft's top-k, a function of the logits alone: the
     # whole tree can be drafted on the device (SampledTreeDrafter draws its
     # children on the host and turns this off).
@@ -224,8 +236,8 @@ class FixedTreeDrafter(_TopKTree):
         gathered in one op from the fed nodes' device top-k. A growing cache
         continues the fed tree (a plain one-token forward while the fed
         nodes form a chain, as a spine's do); past that, the tree injection
-        alone (``Drafter.inject_level``), or with ``batch_levels``, where
-        every draft cache forks, each fed node a batch row of one token over
+        alone (``Drafter.inject_level``), or with ``batch_levels``, each fed
+        node a batch row of one token over
         its parent's row of the forked caches (a plain forward with no mask
         and one position per row, the backend's one-token attention; the
         caches take back the first row's rows: ``_Plan.adopted_fed``). A
@@ -238,8 +250,7 @@ class FixedTreeDrafter(_TopKTree):
         rows, fed_ids = [logits], []  # every level's logits; each level's fed ids
         fed_tokens = mx.array([root], dtype=mx.uint32)  # the dtype of argmax's ids
         owners = None
-        batched = (self.batch_levels and plan.wide and self.compacting
-                   and caches.forks(self.cache))
+        batched = self.batch_levels and plan.wide  # start() checked the caches fork
         branches = self.cache
         for r, ((expand, part, start), gather) in enumerate(zip(plan.fed_levels,
                                                                 plan.gather_level)):
