@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from suites.e2e.helpers import deepest_path
 from suites.helpers_numerics import EXACT_REGIMES
 from suites.verify import helpers
 from treespec.blas import regime
@@ -31,16 +32,6 @@ DRAFTERS = {
     "confidence-n6-w3": (lambda: ConfidenceDrafter(6, width=3), 6),
     "confidence-n4-w4": (lambda: ConfidenceDrafter(4, width=4), 4),
 }
-
-
-def first_children(parents) -> list:
-    """The path of first choices: from the root, each node's first child."""
-    path = [0]
-    while True:
-        kids = [i for i, p in enumerate(parents) if p == path[-1]]
-        if not kids:
-            return path
-        path.append(kids[0])
 
 
 @pytest.fixture
@@ -97,7 +88,7 @@ def test_a_round_runs_one_draft_forward_per_depth(family, name, forwards):
         extra = 1 if pending and not drafter.compacting else 0
         assert forwards(model) - before == depth + extra == rnd.forwards + extra
         assert rnd.tree.depth() <= depth
-        path = first_children(rnd.tree.parents)[:3]
+        path = deepest_path(rnd.tree, last_child=False)[:3]
         drafter.commit(rnd, path)
         root = rnd.tree.tokens[path[-1]]
 
@@ -115,7 +106,7 @@ def test_every_tree_lays_the_path_of_first_choices_out_first(name):
     root = prompt[-1]
     for limit in (None, None, 3, None):
         rnd = drafter.draft(root, limit)
-        path = first_children(rnd.tree.parents)
+        path = deepest_path(rnd.tree, last_child=False)
         assert path == list(range(len(path))), rnd.tree.parents
         tail = Tail(100, rnd.tree.parents, np.array(path))
         assert tail.first_moved == tail.k
