@@ -54,6 +54,7 @@ from .decode import decode
 from .draft import ChainDrafter, FixedTreeDrafter, fixed_shape, make_drafter, shape_name
 from .flags import parse_blocks, parse_trees  # noqa: F401  (bench's flag values)
 from .gate import DRAWS, Decision, compare_shape, configuration, unsound_decision, worst_diff
+from .options import wide_depth
 
 
 
@@ -71,6 +72,7 @@ class Config:
     branching: Optional[tuple] = None  # fixed: branching factors or a parent list
     width: int = 4
     choice: Optional[dict] = None  # auto's choice
+    batch_levels: bool = False  # fixed: wide levels drafted as batch rows
     # Tests substitute a runner: (target, draft, prompt, max_tokens, eos) -> Run.
     runner: Optional[Callable] = None
     shapes: Optional[list] = None  # probe shapes override (tests)
@@ -100,7 +102,8 @@ class Config:
         if kind in ("chain", "mlx-lm"):
             return {"mode": "chain", "block": self.block}
         if kind == "fixed":
-            return {"mode": "tree", **fixed_shape(self.branching)}
+            rows = {"batch_levels": True} if self.batch_levels else {}
+            return {"mode": "tree", **fixed_shape(self.branching), **rows}
         return {"mode": "tree", "budget": self.budget, "width": self.width}
 
     def drafter(self):
@@ -120,12 +123,20 @@ class Config:
 
 
 def build_configs(blocks: Sequence[int], trees: Sequence[tuple] = FIXED_TREES, width: int = 4,
-                  mlx_lm: bool = True, confidence: bool = True) -> List[Config]:
+                  mlx_lm: bool = True, confidence: bool = True,
+                  batch_levels: bool = False) -> List[Config]:
+    """The table's rows. ``batch_levels``: each fixed tree with a level of
+    several fed nodes (treespec.options.wide_depth) twice, through the tree
+    injection and as batch rows ("... rows"), side by side."""
     configs = [Config("classic", "classic")]
     configs += [Config(f"chain b={b}", "chain", block=b, budget=b - 1) for b in blocks]
     for t in trees:
-        n = FixedTreeDrafter(**fixed_shape(t)).budget()
+        shape = FixedTreeDrafter(**fixed_shape(t))
+        n = shape.budget()
         configs.append(Config(f"fixed {shape_name(t)}", "fixed", branching=tuple(t), budget=n))
+        if batch_levels and wide_depth(shape.shape) is not None:
+            configs.append(Config(f"fixed {shape_name(t)} rows", "fixed", branching=tuple(t),
+                                  budget=n, batch_levels=True))
     if confidence:
         configs += [Config(f"conf n={b - 1}", "confidence", budget=b - 1, width=width)
                     for b in blocks]

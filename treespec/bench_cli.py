@@ -11,8 +11,11 @@ from .bench import (PROMPTS, SharedProbe, auto_config, bench, build_configs,
 from .bench_report import format_curve, format_report, machine_info, write_plots
 from .checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from .costcurve import verify_cost_curve
+from .decode import batch_levels_refusal
+from .draft import FixedTreeDrafter, fixed_shape
 from .errors import UsageError
 from .models import n_params
+from .options import KVOptions, Spelling, wide_depth
 from .process import prepare
 
 CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
@@ -43,6 +46,11 @@ def cmd_bench(args) -> int:
         raise UsageError("--width sets the confidence trees' width, and --no-confidence with "
                          "--no-auto leaves no confidence tree to run")
     width = 4 if args.width is None else args.width
+    if args.batch_levels and not any(wide_depth(FixedTreeDrafter(**fixed_shape(t)).shape)
+                                     is not None for t in args.trees):
+        raise UsageError("--batch-levels: no tree of --trees feeds a level of two or more "
+                         "nodes (their nodes with children form one chain each): nothing to "
+                         "batch")
     if args.prompts < 1 or args.prompts > len(PROMPTS):
         raise UsageError(f"--prompts must be 1..{len(PROMPTS)}")
     machine = machine_info()
@@ -86,7 +94,11 @@ def cmd_bench(args) -> int:
         report_extra["verify_curve"] = curve
 
     configs = build_configs(args.blocks, args.trees, width, mlx_lm=not args.no_mlx_lm,
-                            confidence=not args.no_confidence)
+                            confidence=not args.no_confidence, batch_levels=args.batch_levels)
+    if args.batch_levels:
+        why = batch_levels_refusal(draft, KVOptions(), Spelling({}))
+        if why is not None:
+            raise UsageError(why)
     gate = SharedProbe()
     if not args.no_auto:
         t0 = time.perf_counter()

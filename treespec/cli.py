@@ -44,6 +44,9 @@ def add_bench_parser(sub):
                    default=[tuple(t) for t in FIXED_TREES],
                    help="fixed topologies as branching lists or parent lists, e.g. "
                    "--trees=\"2,1,1 -1,0,0,1,1\" ('' for none)")
+    p.add_argument("--batch-levels", action="store_true",
+                   help="each fixed tree of --trees with a level of several fed nodes also as "
+                   "a row drafting that level as batch rows (generate's --batch-levels)")
     p.add_argument("--width", type=int,
                    help="confidence tree: top-k per expansion (default 4)")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's speculative decoding")

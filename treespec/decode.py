@@ -10,13 +10,13 @@ for by name. ``temperature > 0`` samples, exactly in law (treespec.sampling).
 import warnings
 from typing import Optional, Sequence
 
-from . import kv as kv_caches
+from . import caches, kv as kv_caches
 from .cuda_env import warn_if_cudnn_attention
 from .draft import Drafter, make_drafter
 from .errors import OptionError
 from .gate import ADAPTER
 from .models import PositionWarning, position_check
-from .options import DecodeOptions, KVOptions, check_prompt
+from .options import LIBRARY, DecodeOptions, KVOptions, check_prompt
 from .rounds import MODES, classic, greedy, speculative
 from .sampling import decode_sampled
 from .stats import Result
@@ -41,8 +41,23 @@ def check(options: DecodeOptions, target, draft_model, prompt_len: int, spell=No
     models = [target] + ([draft_model] if options.mode != "classic" else [])
     why = kv_caches.refusal(options.kv, models, prompt_len, options.max_tokens,
                             options.draft_nodes(), **kw)
+    if why is None and options.batch_levels and draft_model is not None:
+        why = batch_levels_refusal(draft_model, options.kv, spell or LIBRARY)
     if why is not None:
         raise OptionError(why)
+
+
+def batch_levels_refusal(draft_model, kv: KVOptions, spell=LIBRARY) -> Optional[str]:
+    """Why the draft model's caches (mlx-lm's, under these KV options) cannot
+    be forked into batch rows (``batch_levels``), or None: asked before
+    anything runs, as FixedTreeDrafter.start would find at the first round."""
+    cache = kv_caches.make_cache(draft_model, kv)
+    if caches.forks(cache):
+        return None
+    names = ", ".join(sorted({type(c).__name__ for c in cache if not caches.forks([c])}))
+    return (f"{spell('batch_levels', True)}: the draft model's caches ({names}) take a tree "
+            "whole or cannot be copied into batch rows (sliding window, recurrent state); "
+            "a wide level would go through the tree injection anyway")
 
 
 def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=None,
@@ -54,7 +69,7 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
            adapter_name: str = ADAPTER, draft_adapter=None,
            walk=None, on_round=None, max_kv_size: Optional[int] = None,
            kv_bits: Optional[int] = None, kv_group_size: Optional[int] = None,
-           quantized_kv_start: Optional[int] = None) -> Result:
+           quantized_kv_start: Optional[int] = None, batch_levels: bool = False) -> Result:
     """One entry point for every mode. ``tree`` is never chosen implicitly.
     ``temperature > 0`` samples, exactly in law (treespec.sampling).
 
@@ -63,7 +78,10 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
     where; defaults: ``block`` 4, i.e. 3 draft tokens as mlx-lm's, ``width``
     4, ``budget`` block - 1, ``seed`` 0). ``max_kv_size``, ``kv_bits``,
     ``kv_group_size``, ``quantized_kv_start``: mlx-lm generate_step's KV
-    cache options, for both models (treespec.kv).
+    cache options, for both models (treespec.kv). ``batch_levels``: a fixed
+    tree drafts each level of several fed nodes as batch rows of one token
+    over copies of the draft caches instead of one forward through the tree
+    injection (treespec.draft.fixed; the same tree, so the same text).
 
     ``adapter`` / ``draft_adapter``: the tree adapters of the target and the
     draft model (default ``treespec.verify.adapter_for``; the gate measures
@@ -75,7 +93,8 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
         min_p=min_p, seed=seed, block=block, branching=branching, parents=parents,
         budget=budget, width=width, draft_model=draft_model is not None,
         drafter=drafter is not None, allow_inexact=allow_inexact,
-        kv=KVOptions(max_kv_size, kv_bits, kv_group_size, quantized_kv_start))
+        kv=KVOptions(max_kv_size, kv_bits, kv_group_size, quantized_kv_start),
+        batch_levels=batch_levels)
     check(options, target, draft_model, len(prompt))
     kv = options.kv
     if mode != "classic":
@@ -97,7 +116,8 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
         return classic(target, prompt, max_tokens, eos_token_ids, kv=kv)
     if drafter is None:
         drafter = make_drafter(mode, block=options.resolved_block, branching=branching,
-                               parents=parents, budget=budget, width=options.resolved_width)
+                               parents=parents, budget=budget, width=options.resolved_width,
+                               batch_levels=batch_levels)
     elif mode == "chain" and drafter.kind != "chain":
         raise OptionError(f"mode 'chain' got a {drafter.kind!r} drafter; ask for mode 'tree'")
     return speculative(target, draft_model, prompt, max_tokens, drafter, eos_token_ids, mode,

@@ -13,7 +13,7 @@ defaults: ``-m/--max-tokens`` (100), ``-p/--prompt`` (``-`` reads stdin;
 ``--draft-model``, ``--num-draft-tokens`` (3), ``--ignore-chat-template``.
 treespec's own: ``--mode``, ``--block`` (the verify width: num-draft-tokens
 + 1, an alias; never both), ``--tree-branching``, ``--tree-parents``,
-``--budget``, ``--width``, ``--allow-inexact``, ``--blas``, ``--json``,
+``--budget``, ``--width``, ``--batch-levels``, ``--allow-inexact``, ``--blas``, ``--json``,
 ``--quiet``. Two defaults differ from mlx-lm's, on purpose: the prompt (the
 built-in pair was trained on Python) and the seed (0, so that a sampled run
 is reproducible; mlx-lm leaves MLX unseeded).
@@ -78,6 +78,10 @@ def add_parser(sub):
                    f"(default: --num-draft-tokens; at most {MAX_DRAFT_NODES})")
     g.add_argument("--width", type=int, default=None,
                    help="--mode tree, confidence tree: top-k per expansion (default 4)")
+    g.add_argument("--batch-levels", action="store_true",
+                   help="--mode tree, fixed tree with a level of several fed nodes: draft "
+                   "that level as batch rows of one token over copies of the draft caches "
+                   "instead of one forward through the tree mask (same tree, same text)")
     g.add_argument("-m", "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS}, mlx-lm's)")
     g.add_argument("-p", "--prompt", default=DEFAULT_PROMPT,
@@ -164,13 +168,16 @@ def resolve(args) -> Resolved:
             if shape[name] is not None:
                 raise UsageError(f"{flag} sets a shape, and --mode auto chooses the shape "
                                  "itself; give --mode chain or tree to set one")
+        if args.batch_levels:
+            raise UsageError("--batch-levels sets how a fixed tree drafts, and --mode auto "
+                             "chooses the shape itself; give --mode tree with a fixed shape")
         for name in KV_FLAGS:
             if getattr(common["kv"], name) is not None:
                 raise UsageError(f"{spell(name)}: --mode auto calibrates with mlx-lm's "
                                  "default caches; give --mode chain or tree with KV options")
         options = DecodeOptions(mode="chain", **common)
     else:
-        options = DecodeOptions(mode=mode, **common, **shape)
+        options = DecodeOptions(mode=mode, **common, **shape, batch_levels=args.batch_levels)
     try:
         options.check(spell)
     except OptionError as e:
@@ -202,4 +209,6 @@ def decode_kwargs(options: DecodeOptions) -> dict:
     for name in KV_FLAGS:
         if getattr(options.kv, name) is not None:
             out[name] = getattr(options.kv, name)
+    if options.batch_levels:
+        out["batch_levels"] = True
     return out

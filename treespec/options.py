@@ -98,6 +98,35 @@ def check_prompt(n_tokens: int, spell: Spelling = LIBRARY):
                           "needs at least one token to start from")
 
 
+def branching_parents(branching: Sequence[int]) -> list:
+    """The parent list of the fixed tree with these branching factors (the
+    children of each node consecutive, levels in order)."""
+    parents, level = [-1], [0]
+    for b in branching:
+        nxt = []
+        for p in level:
+            for _ in range(int(b)):
+                parents.append(p)
+                nxt.append(len(parents) - 1)
+        level = nxt
+    return parents
+
+
+def wide_depth(parents: Sequence[int]) -> Optional[int]:
+    """The first depth at which two or more nodes of this tree have children
+    (None: its nodes with children form one chain). A fixed tree's drafter
+    feeds, at each depth, the nodes that have children; from that depth on
+    its levels are more than one chain, which ``batch_levels`` feeds as batch
+    rows (treespec.draft.fixed)."""
+    depth, having = [0] * len(parents), {}
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    for p in set(parents[1:]):
+        having.setdefault(depth[p], set()).add(p)
+    wide = [d for d, nodes in having.items() if len(nodes) > 1]
+    return min(wide) if wide else None
+
+
 def tree_nodes(branching: Sequence[int]) -> int:
     """Nodes of the fixed tree with these branching factors, root included."""
     total, level = 1, 1
@@ -189,6 +218,7 @@ class DecodeOptions:
     drafter: bool = False  # a ready drafter was given
     allow_inexact: bool = False
     kv: KVOptions = KVOptions()
+    batch_levels: bool = False  # a fixed tree's wide levels drafted as batch rows
 
     # -- resolved ---------------------------------------------------------
     @property
@@ -237,6 +267,7 @@ class DecodeOptions:
         self._check_sampling(spell)
         self._check_mode(spell)
         self._check_sizes(spell)
+        self._check_batch_levels(spell)
         self.kv.check(spell)
         return self
 
@@ -305,6 +336,40 @@ class DecodeOptions:
             raise OptionError(f"{spell.mode('tree')} at {spell('temperature', self.temperature)} "
                               f"needs a fixed shape ({spell('branching')} or "
                               f"{spell('parents')}): the confidence tree drafts greedily")
+
+    def _check_batch_levels(self, spell):
+        """``batch_levels`` changes how a fixed tree's levels of several fed
+        nodes are drafted (treespec.draft.fixed); anywhere else it would do
+        nothing, so it is refused there. Whether the draft caches can be
+        forked into rows is the model's (treespec.decode.check)."""
+        if not isinstance(self.batch_levels, bool):
+            raise OptionError(f"{spell('batch_levels', self.batch_levels)}: must be True or False")
+        if not self.batch_levels:
+            return
+        flag = spell("batch_levels", True)
+        acts = (f"{flag} acts only on a fixed tree's drafting ({spell.mode('tree')} with "
+                f"{spell('branching')} or {spell('parents')})")
+        if self.mode != "tree":
+            raise OptionError(f"{acts}; {spell.mode(self.mode)} drafts "
+                              f"{'nothing' if self.mode == 'classic' else 'one token a level'}")
+        if self.drafter:
+            raise OptionError(f"{flag} with {spell('drafter')}: the drafter carries its own "
+                              "(FixedTreeDrafter(..., batch_levels=True))")
+        if not self.fixed:
+            raise OptionError(f"{acts}; the confidence tree feeds its levels through the tree "
+                              "injection (as batch rows it would copy the draft caches at "
+                              "every level)")
+        if self.sampled:
+            raise OptionError(f"{flag} at {spell('temperature', self.temperature)}: the sampled "
+                              "tree draws its children on the host, level by level, one "
+                              "forward per fed node's level through the tree injection")
+        which = "branching" if self.branching is not None else "parents"
+        shape = getattr(self, which)
+        parents = branching_parents(shape) if which == "branching" else shape
+        if wide_depth(parents) is None:
+            raise OptionError(f"{flag} with {spell(which, shape)}: no level of this tree feeds "
+                              "two or more nodes (its nodes with children form one chain, "
+                              "drafted as a chain's one-token steps): nothing to batch")
 
     def _check_sizes(self, spell):
         if self.block is not None and (not _is_int(self.block) or self.block < 1):

@@ -18,6 +18,8 @@
 #             primitives as a chain round's, costs more for CUDA graphs it cannot reuse)
 #     bench   the scaled bench: blocks 3, 5, 9, the spines of depth 4, 5, 7 and [2,1,1,1]
 #             (auto prices depths 2-8 itself)
+#     bench-rows  the scaled bench of chain b=3 and b=5 against [2,1,1,1] and [2,2,1], each
+#             tree injected and as batch rows (--batch-levels), no mlx-lm or confidence rows
 #     deep    the scaled bench of deep chains (blocks 7, 9, 11) against deep spines (depth
 #             5-8, two children per spine node), 11 repeats, no mlx-lm or confidence rows
 # cuDNN attention is off unless MLX_CUDA_USE_CUDNN_SDPA is set (README: why).
@@ -65,9 +67,11 @@ for step in ${STEPS:-costs:150 levels:80 curve:60 bench:280}; do
     python3 scripts/round_census.py --dims "$dims" --start-commits ;;
   bench) bench bench "$limit" --blocks 3,5,9 \
     "--trees=$(spine 4) $(spine 5) $(spine 7) 2,1,1,1" ;;
+  bench-rows) bench bench-rows "$limit" --blocks 3,5 --no-mlx-lm --no-confidence --no-auto \
+    --batch-levels "--trees=2,1,1,1 2,2,1" ;;
   deep) bench deep "$limit" --blocks 7,9,11 --no-mlx-lm --no-confidence --repeats 11 \
     "--trees=$(spine 5) $(spine 6) $(spine 7) $(spine 8)" ;;
   *) echo "unknown step $name (costs levels curve census census-rows census-nographs census-graphcache" \
-    "bench deep)"; exit 2 ;;
+    "bench bench-rows deep)"; exit 2 ;;
   esac
 done

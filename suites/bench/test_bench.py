@@ -83,6 +83,17 @@ def test_configurations_cover_every_mode_at_matching_budgets():
     spine = B.build_configs([2], [(-1, 0, 0, 1, 1)], mlx_lm=False)[2]
     assert spine.name == "fixed p[-1,0,0,1,1]" and spine.budget == 4
     assert spine.decode_kwargs() == {"mode": "tree", "parents": [-1, 0, 0, 1, 1]}
+    # --batch-levels: a second row for each tree with a level of two or more
+    # fed nodes ([2,2,1] and [2,1] are; a spine and [1,2] feed one chain)
+    rows = B.build_configs([2], [(2, 2, 1), (-1, 0, 0, 1, 1), (1, 2), (2, 1)], mlx_lm=False,
+                           confidence=False, batch_levels=True)
+    assert [c.name for c in rows[2:]] == ["fixed [2,2,1]", "fixed [2,2,1] rows",
+                                          "fixed p[-1,0,0,1,1]", "fixed [1,2]", "fixed [2,1]",
+                                          "fixed [2,1] rows"]
+    assert rows[3].decode_kwargs() == {"mode": "tree", "branching": [2, 2, 1],
+                                       "batch_levels": True}
+    assert rows[3].drafter().batch_levels and not rows[2].drafter().batch_levels
+    assert rows[3].budget == rows[2].budget and rows[3].probe_shapes() == rows[2].probe_shapes()
     # mlx-lm's chain verify is probed with the chain shapes of its block
     assert by["mlx-lm b=4"].probe_shapes() == by["chain b=4"].probe_shapes()
     assert not by["classic"].speculative and by["classic"].probe_shapes() is None
@@ -373,13 +384,13 @@ def pair():
 @pytest.mark.slow
 def test_a_small_bench_on_the_trained_pair_passes_every_check(pair):
     target, draft, tok = pair
-    configs = B.build_configs([3], [(2, 1), (-1, 0, 0, 1, 1)])
+    configs = B.build_configs([3], [(2, 1), (-1, 0, 0, 1, 1)], batch_levels=True)
     prompts = [tok.encode(B.PROMPTS[0])]
     report = B.bench(target, draft, prompts, configs, max_tokens=10, repeats=1,
                      eos=list(tok.eos_token_ids), warmup_tokens=2)
     rows = {r["name"]: r for r in report["rows"]}
-    assert set(rows) == {"classic", "chain b=3", "fixed [2,1]", "fixed p[-1,0,0,1,1]", "conf n=2",
-                         "mlx-lm b=3"}
+    assert set(rows) == {"classic", "chain b=3", "fixed [2,1]", "fixed [2,1] rows",
+                         "fixed p[-1,0,0,1,1]", "conf n=2", "mlx-lm b=3"}
     for name, r in rows.items():
         assert r["exact"], (name, r["reason"])
         assert r["tokens"] == 10 and r["decode_tok_s"] > r["tok_s"] > 0
@@ -408,10 +419,11 @@ def test_bench_command_json(tmp_path):
     assert all(r["exact"] for r in report["rows"])
 
 
-def test_a_width_with_no_confidence_tree_to_shape_is_refused_naming_it():
+def test_a_width_or_batch_levels_with_nothing_to_act_on_is_refused_naming_it():
     """--width shapes confidence trees: with their rows and auto's calibration
     both left out it would act on nothing, so the command refuses it (before
-    building any pair), while either alone keeps it meaningful."""
+    building any pair), while either alone keeps it meaningful. So is
+    --batch-levels where no tree of --trees has a level to batch."""
     def bench_cli(*flags):
         return subprocess.run([sys.executable, "-m", "treespec", "bench", *flags, "--prompts=0"],
                               cwd=ROOT, capture_output=True, text=True)
@@ -420,6 +432,11 @@ def test_a_width_with_no_confidence_tree_to_shape_is_refused_naming_it():
         and "--no-confidence" in refused.stderr, refused.stderr
     # without --no-auto the width reaches auto: the run goes on to the next check
     went_on = bench_cli("--no-confidence", "--width", "3")
+    assert went_on.returncode == 2 and "--prompts must be" in went_on.stderr, went_on.stderr
+    # --batch-levels where no tree of --trees has a level of several fed nodes
+    refused = bench_cli("--batch-levels", "--trees=-1,0,0,1,1 1,1,2")
+    assert refused.returncode == 2 and "--batch-levels: no tree of --trees" in refused.stderr
+    went_on = bench_cli("--batch-levels", "--trees=-1,0,0,1,1 2,1")
     assert went_on.returncode == 2 and "--prompts must be" in went_on.stderr, went_on.stderr
 
 

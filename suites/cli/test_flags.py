@@ -93,6 +93,34 @@ REFUSED = {
                                   "--kv-bits 7: bits must be one of", "kv_bits=7: bits must be"),
     "max tokens below 1": (["-m", "0"], dict(max_tokens=0), "--max-tokens 0: must be",
                            "max_tokens=0: must be"),
+    "batch levels on a chain": (["--batch-levels"], dict(batch_levels=True),
+                                "--batch-levels acts only on a fixed tree's drafting (--mode "
+                                "tree with --tree-branching or --tree-parents); --mode chain",
+                                "batch_levels acts only on a fixed tree's drafting "
+                                "(mode='tree' with branching or parents); mode='chain'"),
+    "batch levels in classic mode": (["--mode", "classic", "--batch-levels"],
+                                     dict(mode="classic", batch_levels=True),
+                                     "--batch-levels acts only on a fixed tree's drafting",
+                                     "batch_levels acts only on a fixed tree's drafting"),
+    "batch levels on the confidence tree": (["--mode", "tree", "--batch-levels"],
+                                            dict(mode="tree", batch_levels=True),
+                                            "the confidence tree feeds its levels through the "
+                                            "tree injection", "the confidence tree feeds"),
+    "batch levels on a spine": (["--mode", "tree", "--tree-parents=-1,0,0,1,1", "--batch-levels"],
+                                dict(mode="tree", parents=[-1, 0, 0, 1, 1], batch_levels=True),
+                                "--batch-levels with --tree-parents -1,0,0,1,1: no level of "
+                                "this tree feeds two or more nodes",
+                                "batch_levels with parents=[-1, 0, 0, 1, 1]: no level"),
+    "batch levels on a tree widening only at its leaves": (
+        ["--mode", "tree", "--tree-branching", "1,1,3", "--batch-levels"],
+        dict(mode="tree", branching=[1, 1, 3], batch_levels=True),
+        "--batch-levels with --tree-branching 1,1,3: no level", "branching=[1, 1, 3]: no level"),
+    "batch levels when sampling": (["--mode", "tree", "--tree-branching", "2,1", "--temp", "0.7",
+                                    "--batch-levels"],
+                                   dict(mode="tree", branching=[2, 1], temperature=0.7,
+                                        batch_levels=True),
+                                   "--batch-levels at --temp 0.7: the sampled tree draws its "
+                                   "children on the host", "batch_levels at temperature=0.7"),
 }
 
 
@@ -118,6 +146,8 @@ AUTO_REFUSED = {
     "sampling": (["--temp", "0.5"], "--mode auto calibrates greedy decoding; at --temp 0.5"),
     "kv options": (["--kv-bits", "4"], "--kv-bits: --mode auto calibrates with mlx-lm's "
                    "default caches"),
+    "batch levels": (["--batch-levels"], "--batch-levels sets how a fixed tree drafts, and "
+                     "--mode auto chooses the shape itself"),
 }
 
 

@@ -19,7 +19,7 @@ import pytest
 from suites.helpers_gate import gate_verdict
 from suites.helpers_numerics import model_label
 from suites.verdict import E2E, expect
-from treespec import zoo
+from treespec import caches, zoo
 from treespec.checkpoints import default_pair
 from treespec.cli import main
 from treespec.decode import decode, detokenize
@@ -252,6 +252,27 @@ def test_kv_bits_run_as_mlx_lm_generate_runs_them(capsys):
                            quantized_kv_start=12)
     assert got["text"] == want
     assert got["diagnostics"]["mode"] == "chain" and got["diagnostics"]["gate"]["exact"]
+
+
+def test_batch_levels_drafts_wide_levels_as_batch_rows_and_keeps_mlx_lms_text(capsys,
+                                                                             monkeypatch):
+    """``--batch-levels``: the same fixed tree, its level of two fed nodes
+    drafted over forked draft caches (counted at ``caches.fork``; none
+    without the flag), and the text still mlx-lm's."""
+    forks, fork = [], caches.fork
+    monkeypatch.setattr(caches, "fork", lambda c, rows: forks.append(rows) or fork(c, rows))
+    flags = ["--mode", "tree", "--tree-branching", "2,1,1,1", "-m", "24", "-p", "import os\n",
+             "--json"]
+    rows = json.loads(run_main(capsys, *flags, "--batch-levels").out)
+    forked = len(forks)
+    injected = json.loads(run_main(capsys, *flags).out)
+    assert len(forks) == forked and 0 < forked <= rows["diagnostics"]["rounds"]
+    assert rows["diagnostics"]["requested"]["batch_levels"] is True
+    assert "batch_levels" not in injected["diagnostics"]["requested"]
+    target, tok = mlx_lm.load(str(default_pair()[0]))
+    want = mlx_lm.generate(target, tok, prompt="import os\n", max_tokens=24)
+    assert rows["diagnostics"]["gate"]["exact"]
+    assert rows["text"] == want == injected["text"]
 
 
 def test_kv_flags_that_cannot_act_here_are_refused_with_the_reason(capsys):

@@ -10,17 +10,24 @@ within its envelope elsewhere. Also the ranking every tree drafter's
 children come from (``top_ids``, ``top_children``). The confidence tree:
 test_confidence_drafting.py."""
 
+from contextlib import nullcontext
+
 import mlx.core as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from suites.e2e.helpers import deepest_path
 from suites.helpers_numerics import check
+from suites.helpers_strategies import parent_lists
 from suites.verdict import DRAFTING
 from suites.verify import helpers
 from treespec import caches, numerics
 from treespec.draft import DeviceRound, FixedTreeDrafter, top_children, top_ids
+from treespec.decode import decode
 from treespec.draft.base import ARGMAX_PASSES
+from treespec.errors import OptionError
+from treespec.options import DecodeOptions, wide_depth
 
 pytestmark = pytest.mark.exactness
 
@@ -161,6 +168,50 @@ def test_batch_levels_is_a_flag_refused_where_the_draft_caches_cannot_fork():
     drafter = FixedTreeDrafter(branching=[2, 1], batch_levels=True)
     with pytest.raises(ValueError, match="batch_levels: .*RotatingKVCache"):
         drafter.start(helpers.model("gemma3_text"), list(helpers.tokens(6, seed=2)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(parents=parent_lists(min_nodes=2, max_nodes=12))
+def test_the_options_refuse_batch_levels_exactly_where_the_drafter_would_fork_no_cache(
+        parents, monkeypatch_forks):
+    """``batch_levels`` is refused as doing nothing (treespec.options
+    ``wide_depth``) for the shapes whose device round forks no cache, and
+    only for those: counted at ``caches.fork`` in a real round."""
+    forks, model, prompt = monkeypatch_forks
+    drafter = FixedTreeDrafter(parents=parents, batch_levels=True)
+    drafter.start(model, prompt[:-1])
+    del forks[:]
+    drafter.draft(prompt[-1])
+    assert (len(forks) > 0) == (wide_depth(parents) is not None), (parents, forks)
+    with pytest.raises(OptionError, match="nothing to batch") if not forks else nullcontext():
+        DecodeOptions(mode="tree", parents=parents, draft_model=True, batch_levels=True).check()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_forks():
+    """(the rows of every caches.fork call, the zoo llama, a prompt), the
+    count module-wide (hypothesis runs one test function many times)."""
+    with pytest.MonkeyPatch.context() as mp:
+        forks, real = [], caches.fork
+        mp.setattr(caches, "fork", lambda c, rows: forks.append(tuple(rows)) or real(c, rows))
+        yield forks, helpers.model("llama"), list(helpers.tokens(8, seed=3))
+
+
+def test_batch_levels_over_draft_caches_that_cannot_fork_is_refused_before_decoding():
+    """``decode(..., batch_levels=True)`` asks the draft model's caches
+    before anything runs (the drafter's start would find it at the first
+    round): gemma3's sliding-window caches take a tree whole."""
+    model = helpers.model("gemma3_text")
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(model), "__call__",
+                   lambda self, *a, _real=type(model).__call__, **k: calls.append(1) or
+                   _real(self, *a, **k))
+        with pytest.raises(OptionError, match=r"batch_levels: the draft model's caches "
+                           r"\(RotatingKVCache\) take a tree whole"):
+            decode(model, list(helpers.tokens(6, seed=2)), mode="tree", draft_model=model,
+                   branching=[2, 1], batch_levels=True, max_tokens=4)
+    assert not calls  # refused before the gate's probe or any forward
 
 
 @pytest.mark.parametrize("shape, limit, ranked", [

@@ -22,11 +22,18 @@ __all__ = ["ChainDrafter", "ConfidenceDrafter", "DeviceRound", "DraftRound", "Dr
 
 
 def make_drafter(mode: str, block: int = 4, branching=None, parents=None,
-                 budget: Optional[int] = None, width: int = 4) -> Drafter:
+                 budget: Optional[int] = None, width: int = 4,
+                 batch_levels: bool = False) -> Drafter:
+    """The drafter of a decode's shape options (treespec.options checks them:
+    ``batch_levels`` only with a fixed shape)."""
+    if batch_levels and (mode != "tree" or (branching is None and parents is None)):
+        raise ValueError("batch_levels: only a fixed tree (branching or parents) drafts "
+                         "levels as batch rows")
     if mode == "chain":
         return ChainDrafter(block)
     if mode == "tree":
         if branching is not None or parents is not None:
-            return FixedTreeDrafter(branching=branching, parents=parents)
+            return FixedTreeDrafter(branching=branching, parents=parents,
+                                    batch_levels=batch_levels)
         return ConfidenceDrafter(budget if budget is not None else block - 1, width=width)
     raise ValueError(f"no drafter for mode {mode!r}")

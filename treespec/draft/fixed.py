@@ -23,6 +23,7 @@ import mlx.core as mx
 from .. import caches
 from ..checks import integer
 from ..gate import shapes_for
+from ..options import branching_parents
 from ..tree import DraftTree, consecutive, first_choice_order, renumbered
 from .base import DeviceRound, DraftRound, Drafter, Round, top_children
 
@@ -177,15 +178,7 @@ class FixedTreeDrafter(_TopKTree):
             branching = [integer(b, f"branching[{d}]") for d, b in enumerate(branching)]
             if not branching or any(b < 1 for b in branching):
                 raise ValueError(f"branching factors must be >= 1, got {list(branching)}")
-            parents = [-1]
-            level = [0]
-            for b in branching:
-                nxt = []
-                for p in level:
-                    for _ in range(b):
-                        parents.append(p)
-                        nxt.append(len(parents) - 1)
-                level = nxt
+            parents = branching_parents(branching)
         # Validate the shape once, with placeholder tokens; keep it in
         # first-choice order, the order a round's tree is verified in, so
         # that the shapes the gate probes (prefixes of it) are the trees
