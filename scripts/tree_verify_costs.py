@@ -43,6 +43,7 @@ import argparse
 import os
 from collections import Counter
 from contextlib import contextmanager
+from typing import Optional
 import statistics
 import time
 
@@ -82,11 +83,13 @@ DRAFTING_BUILT = ("chain b=5", "spine (depth 4)", "[2,1,1,1] (depth 4)",
 
 
 @contextmanager
-def nothing_started():
+def nothing_started(asked: Optional[list] = None):
     """No ``mx.async_eval`` starts anything: a drafting round's levels stay
-    one lazy graph until the caller evaluates it."""
+    one lazy graph until the caller evaluates it. ``asked`` collects the
+    arrays the round asked to start (work it does even where nothing
+    evaluated later reads them)."""
     started = mx.async_eval
-    mx.async_eval = lambda *arrays: None
+    mx.async_eval = (lambda *arrays: None) if asked is None else (lambda *a: asked.extend(a))
     try:
         yield
     finally:
@@ -117,23 +120,29 @@ def drafting_built(drafter):
 def drafting_census(drafter) -> Counter:
     """Primitives in one drafting round's graph, by name: every level's,
     counted in what the round evaluates (a device round's tokens; the
-    confidence tree's one evaluation at its end), with no level started on
-    its own."""
+    confidence tree's one evaluation at its end) and in what it starts on
+    its own (``mx.async_eval``: a level's ranking, a frontier), each node
+    once, with no level started before the count; after one round uncounted
+    (what a drafter builds once, on its first round, is no round's work)."""
     before = drafter.cache[0].offset
-    seen = Counter()
+    finish_round(drafter, drafter.draft(7), before)
+    seen, asked = Counter(), []
 
     def counted(*arrays):
-        seen.update(primitives(*arrays))
+        seen.update(primitives(*arrays, *asked))
+        asked.clear()
         return _eval(*arrays)
 
-    with nothing_started():
+    with nothing_started(asked):
         mx.eval = counted
         try:
             rnd = drafter.draft(7)
         finally:
             mx.eval = counted_eval
-        if rnd.device_tokens is not None:
-            seen.update(primitives(rnd.device_tokens))
+        if rnd.device_tokens is not None or asked:
+            ends = [rnd.device_tokens] if rnd.device_tokens is not None else []
+            seen.update(primitives(*ends, *asked))
+    _eval(asked)
     finish_round(drafter, rnd, before)
     return seen
 

@@ -127,6 +127,7 @@ class ConfidenceDrafter(_TopKTree):
         if depth is not None and depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self._budget, self.width = budget, width
+        self._shape_constants = {}  # (budget, width, depth) -> _constants
         self.depth = integer(depth, "depth", 1) if depth is not None else max(1, budget)
 
     # Children are the draft's top-k and the frontier its best candidates,
@@ -198,19 +199,16 @@ class ConfidenceDrafter(_TopKTree):
         c = offered(budget, w, 0)
         ids, lp = top_children(logits, c)
         f_tok, f_score = ids[0], lp[0]
-        f_cand = mx.arange(c, dtype=mx.int32)  # the frontier's candidates, best first
-        # The frontier's ancestors among the fed rows (the root, then each
-        # earlier depth's fed frontier): at depth 1, the root.
-        f_anc = mx.ones((c, 1), dtype=mx.bool_)
+        (f_cand, f_anc, root_parents), levels = self._constants(budget, w, depth)
         tokens, scores = [f_tok], [f_score]
-        parents, frontiers, sizes = [mx.full((c,), -1, dtype=mx.int32)], [], []
+        parents, frontiers, sizes = [root_parents], [], []
         count = c
-        for d in range(1, depth):
+        for d, (itself, depths, earlier) in enumerate(levels, start=1):
             k = expanded(budget, w, d)  # best first: the first k can have kept children
             f_tok, f_score, f_cand, f_anc = f_tok[:k], f_score[:k], f_cand[:k], f_anc[:k]
             frontiers.append(f_cand)
-            mask = mx.concatenate([f_anc, mx.eye(k, dtype=mx.bool_)], axis=1)  # ... and itself
-            logits = self._forward_frontier(f_tok, mask, offset, d, sizes, owners)
+            mask = mx.concatenate([f_anc, itself], axis=1)  # ... and itself
+            logits = self._forward_frontier(f_tok, mask, offset, d, sizes, depths, owners)
             sizes.append(k)
             c = offered(budget, w, d)
             ids, lp = top_children(logits, c)
@@ -218,17 +216,17 @@ class ConfidenceDrafter(_TopKTree):
             level_tok = ids.reshape(-1)
             level_parent = mx.repeat(f_cand, c)
             tokens.append(level_tok), scores.append(level_score), parents.append(level_parent)
+            first, count = count, count + k * c  # this level's candidates: first .. count - 1
+            if d == depth - 1:
+                break  # the deepest level: its candidates feed no forward, no frontier
             # The w best of the level's k*c, ties to the earlier created: rank
             # each candidate by how many beat it, then take ranks 0 .. w-1.
             s = level_score
-            order = mx.arange(k * c)
-            earlier = order[None, :] < order[:, None]  # [i, j]: j created before i
             beats = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & earlier)
             pick = mx.argsort(beats.sum(axis=1))[:w].astype(mx.int32)
             f_anc = mx.take(mask, pick // c, axis=0)
             f_tok, f_score = mx.take(level_tok, pick), mx.take(level_score, pick)
-            f_cand = count + pick
-            count += k * c
+            f_cand = first + pick
             mx.async_eval(f_tok, f_score, f_anc)
         flat_tok = mx.concatenate(tokens)
         flat_score = mx.concatenate(scores)
@@ -241,18 +239,44 @@ class ConfidenceDrafter(_TopKTree):
         fed_tree = _fed_tree(root, flat_tok.tolist(), flat_parent.tolist(), fed_of)
         return DraftRound(tree, fed, offset, fed_tree, logprobs, forwards=depth)
 
+    def _constants(self, budget: int, w: int, depth: int):
+        """What a device round of this budget, width and depth builds from
+        its sizes alone, built once per shape: evaluated with the first
+        round's graph (no evaluation of their own: a round stays one), after
+        which every round's graph holds them as evaluated inputs. The root
+        level's (the frontier's candidate
+        indices 0..c-1, its ancestry among the fed rows (the root), the
+        candidates' parent -1), then per depth d = 1 .. depth - 1 (the mask
+        of each frontier node seeing itself; the rope's depths, each node at
+        ``offset + d`` while the model hands its rope the cache offset,
+        ``offset`` + the rows fed before; [i, j]: candidate j created before
+        candidate i, the tie-break of the frontier's ranking, None at the
+        deepest level, which ranks no frontier)."""
+        key = (budget, w, depth)
+        if key not in self._shape_constants:
+            c = offered(budget, w, 0)
+            root = (mx.arange(c, dtype=mx.int32), mx.ones((c, 1), dtype=mx.bool_),
+                    mx.full((c,), -1, dtype=mx.int32))
+            levels, fed_before = [], 1
+            for d in range(1, depth):
+                k, c = expanded(budget, w, d), offered(budget, w, d)
+                order = mx.arange(k * c)
+                levels.append((mx.eye(k, dtype=mx.bool_),
+                               mx.full((k,), d - fed_before, dtype=mx.int32),
+                               order[None, :] < order[:, None] if d < depth - 1 else None))
+                fed_before += k
+            self._shape_constants[key] = root, levels
+        return self._shape_constants[key]
+
     def _forward_frontier(self, tokens: mx.array, mask: mx.array, offset: int, d: int,
-                          sizes: List[int], owners) -> mx.array:
+                          sizes: List[int], depths: mx.array, owners) -> mx.array:
         """One draft forward over a frontier of depth ``d`` (its nodes all at
-        position ``offset + d``), continuing the cache past its fed rows (the
-        root, then ``sizes[j]`` nodes of depth j + 1): each node sees the
-        history and ``mask``'s fed rows."""
+        position ``offset + d``; ``depths``: that position less the cache
+        offset the model hands its rope), continuing the cache past its fed
+        rows (the root, then ``sizes[j]`` nodes of depth j + 1): each node
+        sees the history and ``mask``'s fed rows."""
         n = tokens.shape[0]
         history = offset
-        fed_before = 1 + sum(sizes)
-        # The model hands its rope the cache offset (offset + fed rows);
-        # every node of this frontier sits at offset + d.
-        depths = mx.full((n,), d - fed_before, dtype=mx.int32)
 
         def mask_fn(cache, N, window):
             if N != n:
