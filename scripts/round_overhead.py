@@ -3,6 +3,7 @@ callgrind counts them whatever the machine's load), and in Python calls.
 
     python scripts/round_overhead.py [--family llama] [--block 2] [--short 16 --long 80]
     python scripts/round_overhead.py --pair default --calls-only
+    python scripts/round_overhead.py --random 64x32 --block 3
 
 Each decoder (treespec's chain, mlx-lm's speculative_generate_step, same
 pair, same block, greedy) runs in a fresh process under callgrind twice, for
@@ -11,7 +12,11 @@ rounds is the marginal cost of one round, start-up and prefill cancelled.
 The zoo model (tiny, default) makes the host's share of a round large, which
 is what this measures; ``--pair`` the trained pair. ``--calls-only`` skips
 valgrind and prints the Python function calls per round (cProfile) outside
-the model's own modules.
+the model's own modules. ``--random HxL``: a seeded random float32 llama of
+that size with a 256-token vocabulary (treespec.costcurve.build_llama) and
+a 2-layer one as its drafter: rounds of one or two tokens (the two agree by
+chance), but every round drafts and verifies its whole block, with the host
+work of as many layers as the H200's 4096x32 and little arithmetic.
 """
 
 import argparse
@@ -29,6 +34,14 @@ HERE = os.path.abspath(__file__)
 def load(args):
     import mlx_lm
 
+    if args.random:
+        from treespec.costcurve import build_llama
+        from treespec.flags import parse_dims
+
+        hidden, layers = parse_dims(args.random)
+        target = build_llama(hidden, layers, vocab=256)
+        draft = build_llama(hidden, 2, vocab=256, seed=1)
+        return target, draft, list(range(1, 13))
     if args.pair:
         from treespec.checkpoints import load_default_pair
 
@@ -75,6 +88,8 @@ def instructions(which, n, args) -> tuple:
            "--child", which, "--n", str(n), "--block", str(args.block), "--family", args.family]
     if args.pair:
         cmd += ["--pair", args.pair]
+    if args.random:
+        cmd += ["--random", args.random]
     run = subprocess.run(cmd, capture_output=True, text=True)
     os.path.exists(out) and os.remove(out)
     refs = re.search(r"I\s+refs:\s+([\d,]+)", run.stderr)
@@ -102,6 +117,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", default="llama")
     ap.add_argument("--pair", choices=("default", "weak"))
+    ap.add_argument("--random", metavar="HIDDENxLAYERS",
+                    help="a random llama of this size (vocabulary 256) and a 2-layer drafter")
     ap.add_argument("--block", type=int, default=2)
     ap.add_argument("--short", type=int, default=16)
     ap.add_argument("--long", type=int, default=80)
@@ -111,7 +128,8 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args)
-    what = f"trained pair ({args.pair} drafter)" if args.pair else f"zoo {args.family} float32"
+    what = (f"random llama {args.random}, vocabulary 256, 2-layer drafter" if args.random
+            else f"trained pair ({args.pair} drafter)" if args.pair else f"zoo {args.family} float32")
     print(f"{what}, chain block {args.block}, {args.short} and {args.long} tokens")
     calls_per_round(args)
     if args.calls_only:
@@ -122,7 +140,8 @@ def main():
         per[which] = (i1 - i0) / (r1 - r0)
         print(f"{which:9} {i0:,} instructions for {r0} rounds, {i1:,} for {r1}: "
               f"{per[which]:,.0f} per round", flush=True)
-    print(f"treespec / mlx-lm instructions per round: {per['treespec'] / per['mlx-lm']:.4f}")
+    print(f"treespec / mlx-lm instructions per round: {per['treespec'] / per['mlx-lm']:.4f} "
+          f"({per['treespec'] - per['mlx-lm']:+,.0f} a round)")
 
 
 if __name__ == "__main__":
