@@ -14,6 +14,7 @@ from suites.families.helpers_models import build as family_model
 from suites.verify.helpers import clone, assert_rows_are_root_path_forwards
 from treespec import zoo
 from treespec.verify import adapter_for
+from treespec.errors import TreeRefused
 from treespec.verify.adapter import TreeAdapter
 from treespec.caches import MODES, attention_caches
 from treespec.verify.attention import TreeRoPE, rope_owners
@@ -105,6 +106,26 @@ def test_a_module_swapped_after_a_verify_gets_the_tree_positions_at_the_next(wha
     cache = hist.replay(model)
     before = clone(cache)
     assert_rows_are_root_path_forwards(model, before, tree, adapter.verify(tree, cache))
+
+
+def test_a_rope_changed_in_place_after_a_verify_is_refused_with_every_cache_as_it_was():
+    """The rope owners' ropes are asked again at every verify: a rope whose
+    class is changed in place (no module replaced, so the module tree reads
+    the same and the owners are not walked for again) to one that cannot
+    take per-node offsets is refused, every cache as it was."""
+    model = zoo.build("llama")
+    adapter = adapter_for(model)
+    tree = helpers.branching_trees("llama")["bushy"]
+    hist = helpers.history(6)
+    mx.eval(adapter.verify(tree, hist.replay(model)))
+    rope = model.model.layers[1].self_attn.rope
+    rope.__class__ = type("PlainRope", (type(rope),), {})
+    cache = hist.replay(model)
+    before = clone(cache)
+    with pytest.raises(TreeRefused, match=r"layers\.1\.self_attn\.rope: .*PlainRope is not a RoPE"):
+        adapter.verify(tree, cache)
+    assert [c.offset for c in cache] == [c.offset for c in before]
+    assert all(mx.array_equal(a.state[0], b.state[0]) for a, b in zip(cache, before))
 
 
 def test_a_target_and_its_drafter_verified_together_do_not_interfere():
