@@ -3,6 +3,7 @@ and ignored, every refusal a one-line error naming the flag and the mode,
 given before anything heavy is imported or loaded; the library refuses the
 same options, spelled as keyword arguments (treespec.options)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from treespec import zoo
 from treespec.checkpoints import default_pair
 from treespec.cli import COMMANDS, build_parser, command, main
 from treespec.decode import decode
+from treespec.draft import FixedTreeDrafter
 from treespec.errors import OptionError
 from treespec.options import MAX_DRAFT_NODES
 
@@ -134,6 +136,20 @@ def test_a_flag_that_cannot_act_is_an_error_naming_it_and_the_library_agrees(
         decode(target, [1, 2, 3], draft_model=draft if mode != "classic" else None,
                **{"mode": mode, **kwargs})
     assert lib_says in str(e.value)
+
+
+def test_a_drafter_object_carries_its_own_shape_and_batch_levels(llama_pair):
+    """``decode(drafter=...)``: the drafter is built already, so a shape
+    option or ``batch_levels`` beside it would act on nothing: refused,
+    naming the option and the drafter."""
+    target, draft = llama_pair
+    for kwargs, says in ((dict(branching=[2]), "branching=[2] with drafter: the drafter "
+                          "carries its own shape"),
+                         (dict(batch_levels=True), "batch_levels with drafter: the drafter "
+                          "carries its own")):
+        with pytest.raises(OptionError, match=re.escape(says)):
+            decode(target, [1, 2, 3], draft_model=draft, mode="tree",
+                   drafter=FixedTreeDrafter(branching=[2, 1]), **kwargs)
 
 
 @pytest.fixture(scope="module")
