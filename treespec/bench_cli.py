@@ -12,10 +12,9 @@ from .bench_report import format_curve, format_report, machine_info, write_plots
 from .checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from .costcurve import verify_cost_curve
 from .decode import batch_levels_refusal
-from .draft import FixedTreeDrafter, fixed_shape
 from .errors import UsageError
 from .models import n_params
-from .options import KVOptions, Spelling, wide_depth
+from .options import KVOptions, Spelling
 from .process import prepare
 
 CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
@@ -46,8 +45,10 @@ def cmd_bench(args) -> int:
         raise UsageError("--width sets the confidence trees' width, and --no-confidence with "
                          "--no-auto leaves no confidence tree to run")
     width = 4 if args.width is None else args.width
-    if args.batch_levels and not any(wide_depth(FixedTreeDrafter(**fixed_shape(t)).shape)
-                                     is not None for t in args.trees):
+    # The table's rows depend on the flags alone: built before any model.
+    configs = build_configs(args.blocks, args.trees, width, mlx_lm=not args.no_mlx_lm,
+                            confidence=not args.no_confidence, batch_levels=args.batch_levels)
+    if args.batch_levels and not any(c.batch_levels for c in configs):
         raise UsageError("--batch-levels: no tree of --trees feeds a level of two or more "
                          "nodes (their nodes with children form one chain each): nothing to "
                          "batch")
@@ -93,8 +94,6 @@ def cmd_bench(args) -> int:
         say(format_curve(curve, f"target, {time.perf_counter() - t0:.1f}s"))
         report_extra["verify_curve"] = curve
 
-    configs = build_configs(args.blocks, args.trees, width, mlx_lm=not args.no_mlx_lm,
-                            confidence=not args.no_confidence, batch_levels=args.batch_levels)
     if args.batch_levels:
         why = batch_levels_refusal(draft, KVOptions(), Spelling({}))
         if why is not None:
