@@ -12,7 +12,9 @@ reference's time in the same repeat (so a busy machine moves both alike):
 - verify: ``TreeAdapter.verify`` of a spine of 9 nodes, of [2,1,1,1] (9) and
   of a chain of 5, each against a plain forward over as many tokens; host
   graph building alone (the verify's and a plain forward's, evaluated
-  untimed after each call); and the verify's host work outside its forward
+  untimed after each call; again with each call made right after one of
+  the other, evaluated: the order of a decode loop, where neither follows
+  itself); and the verify's host work outside its forward
   alone, in a loop with no forward (the checks, snapshot, hold, injection put
   in and taken out, capture of the writes), against the plain forward's host
   graph building;
@@ -200,6 +202,28 @@ def main():
              building(lambda: target(mx.arange(9)[None], cache=cache), 9)}
     refs["host graph building, verify of the 9-node spine"] = \
         "host graph building, plain forward of 9"
+
+    def after(other, build, n):
+        """``building(build, n)``, each call right after the other build's
+        call (evaluated, untimed): each is timed where the other ran last,
+        as in a decode loop, where neither follows itself. Timed back to
+        back a plain forward finds more of its own code and objects warm
+        than a verify, whose stand-ins and checks touch more."""
+        first, timed_part = building(other, n), building(build, n)
+
+        def step():
+            first()
+            return timed_part()
+        return step
+
+    spine_build = lambda: adapter.verify(spine, cache)  # noqa: E731
+    plain_build = lambda: target(mx.arange(9)[None], cache=cache)  # noqa: E731
+    timed["host graph building, spine verify after a plain forward"] = \
+        after(plain_build, spine_build, 9)
+    timed["host graph building, plain forward after a spine verify"] = \
+        after(spine_build, plain_build, 9)
+    refs["host graph building, spine verify after a plain forward"] = \
+        "host graph building, plain forward after a spine verify"
 
     def setup_alone():
         """What ``adapter.verify`` does around its forward, without one."""
