@@ -6,7 +6,8 @@
 The trained pair and two Python prompts (``--pair weak``: its weak drafter;
 ``--pair scaled``: the seeded scaled pair of ``--dims``/``--alpha`` and two
 seeded token prompts). For each block, each repeat times treespec's chain
-(decode mode "chain", gate off: the probe is not the round loop) and
+(decode mode "chain", gate off unless ``--gate``: the probe is not the
+round loop, but each decode call pays for its memo's key) and
 mlx-lm's speculative_generate_step back to back (the order alternates per
 repeat), and the medians of wall and process CPU time are printed, with
 treespec's wall split into what its stats time (prefill, the rounds) and the
@@ -41,6 +42,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--pair", choices=("default", "weak", "scaled"), default="default")
+    ap.add_argument("--gate", action="store_true",
+                    help="treespec's chain with its exactness gate on (with --allow-inexact's "
+                         "study mode), as generate and the bench run it: each call then pays "
+                         "for the gate's key, its probe memoized after the first call")
     scaled.add_pair_arguments(ap)
     args = ap.parse_args()
     target, draft, prompts, what = scaled.decoding_pair(args, 2)
@@ -50,7 +55,7 @@ def main():
     for b in args.block:
         def ours():
             runs = [decode(target, p, mode="chain", draft_model=draft, max_tokens=n, block=b,
-                           gate=False) for p in prompts]
+                           gate=args.gate, allow_inexact=args.gate) for p in prompts]
             return ([r.tokens for r in runs], sum(sum(r.stats.time_ms.values()) for r in runs),
                     sum(r.stats.rounds for r in runs))
 

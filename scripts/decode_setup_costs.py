@@ -11,7 +11,9 @@ each, median): "fresh", the width kept on the models removed before every
 call (what every decode paid before it was kept), and "kept". Prints both
 medians and the median of per-repeat differences; then what building the
 adapters of a call costs (``adapter_for`` of each model, ``structure`` of the
-target), medians of 60 calls.
+target) and the call's exactness gate once its probe is memoized
+(``treespec.gate.decide``, as every call after the first pays it), medians
+of 60 calls.
 """
 
 import argparse
@@ -20,7 +22,9 @@ import time
 
 from treespec.costcurve import build_llama
 from treespec.decode import decode
+from treespec.draft import make_drafter
 from treespec.flags import parse_dims
+from treespec.gate import decide
 from treespec.models import _VOCAB
 from treespec.verify import adapter_for
 from treespec.verify.structure import structure
@@ -58,10 +62,14 @@ def main():
           f"  width read every call {statistics.median(fresh):8.2f} ms\n"
           f"  width kept per model  {statistics.median(kept):8.2f} ms\n"
           f"  difference (median of per-repeat differences) {diff:.2f} ms a decode call")
-    # The two adapters every decode call builds: the target's costs most.
+    # The two adapters every decode call builds (the target's costs most),
+    # and its gate with the probe memoized (every call after the first).
+    shapes = make_drafter("chain", block=3).probe_shapes(args.tokens)
     for name, step in (("adapter_for(target)", lambda: adapter_for(target)),
                        ("structure(target)", lambda: structure(target)),
-                       ("adapter_for(drafter)", lambda: adapter_for(draft))):
+                       ("adapter_for(drafter)", lambda: adapter_for(draft)),
+                       ("gate, probe memoized", lambda: decide(target, shapes,
+                                                               allow_inexact=True))):
         times = []
         for _ in range(60):
             t0 = time.perf_counter()

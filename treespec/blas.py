@@ -198,6 +198,28 @@ def _resolve_sgemm() -> int | None:
 
 def _classify(library: str) -> tuple[str, int | None, str | None]:
     """(name, threads, version) of the library that defines cblas_sgemm."""
+    name, threads, version = _classified(library)
+    return name, threads(), version
+
+
+_CLASSIFIED: dict = {}  # library path -> (name, threads reader, version)
+
+
+def _classified(library: str):
+    """(name, a reader of its thread count, version) of ``library``, looked
+    up once per path: a loaded library's name and version do not change
+    while it stays mapped (MLX holds it), its thread count can
+    (``openblas_set_num_threads``), so that is read on every call."""
+    if library not in _CLASSIFIED:
+        _CLASSIFIED[library] = _classify_once(library)
+    return _CLASSIFIED[library]
+
+
+def _fixed(n: int | None):
+    return lambda: n
+
+
+def _classify_once(library: str):
     try:
         # Already loaded: this only takes a reference. dlsym on the handle searches the object
         # and its dependencies (Debian's openblas libblas.so.3 is a shim over libopenblas.so.0).
@@ -221,24 +243,24 @@ def _classify(library: str) -> tuple[str, int | None, str | None]:
                 core.restype = ctypes.c_char_p
                 corename = (core() or b"").decode(errors="replace")
                 version = f"{version or '?'} {corename}" if corename else version
-            return "openblas", int(nthreads()), version
+            return "openblas", lambda: int(nthreads()), version
         mkl = _sym(h, "mkl_get_max_threads") or _sym(h, "MKL_Get_Max_Threads")
         if mkl is not None:
             mkl.restype = ctypes.c_int
-            return "mkl", int(mkl()), None
+            return "mkl", lambda: int(mkl()), None
         blis = _sym(h, "bli_info_get_version_str")
         if blis is not None:
             blis.restype = ctypes.c_char_p
-            return "blis", None, (blis() or b"").decode(errors="replace") or None
+            return "blis", _fixed(None), (blis() or b"").decode(errors="replace") or None
     if sys.platform == "darwin" and ("accelerate" in library.lower() or "veclib" in library.lower()):
-        return "accelerate", None, None
+        return "accelerate", _fixed(None), None
     if "openblas" in base:
-        return "openblas", None, None
+        return "openblas", _fixed(None), None
     if re.match(r"libblas([-.]|$)", base) or "mlx_cpu.libs" in library or "/blas/" in library:
         # netlib reference BLAS (the wheel's bundled copy, or Debian's libblas3): single-threaded
         m = re.search(r"\.so\.(\d+(?:\.\d+)*)$", base)
-        return "reference", 1, (f"netlib-{m.group(1)}" if m else None)
-    return "unknown", None, None
+        return "reference", _fixed(1), (f"netlib-{m.group(1)}" if m else None)
+    return "unknown", _fixed(None), None
 
 
 def _gpu_backend() -> str:
@@ -252,14 +274,23 @@ def _gpu_backend() -> str:
     return "gpu"
 
 
-def detect() -> BlasInfo:
-    """Report the BLAS that the running MLX process actually uses for float32 matmuls."""
+_DEFINED_IN: dict = {}  # cblas_sgemm's address -> the real path of the file defining it
+
+
+def detect(mapped: bool = True) -> BlasInfo:
+    """Report the BLAS that the running MLX process actually uses for float32 matmuls.
+    ``mapped=False`` leaves ``mapped`` (diagnostic only, not in the key) empty:
+    listing the process's mappings costs more than the rest."""
     device = str(mx.default_device())
-    mapped = tuple(p for p in _mapped_files() if _BLASLIKE.search(Path(p).name))
+    mapped = tuple(p for p in _mapped_files() if _BLASLIKE.search(Path(p).name)) if mapped else ()
     addr = _resolve_sgemm()
-    library = _dladdr_fname(addr) if addr else None
+    if addr and addr not in _DEFINED_IN:  # a mapped address stays in its file
+        library = _dladdr_fname(addr)
+        if library is not None:
+            library = os.path.realpath(library) if os.path.exists(library) else library
+        _DEFINED_IN[addr] = library
+    library = _DEFINED_IN[addr] if addr else None
     if library is not None:
-        library = os.path.realpath(library) if os.path.exists(library) else library
         cpu_name, threads, version = _classify(library)
     elif sys.platform == "darwin":
         cpu_name, threads, version = "accelerate", None, None

@@ -158,12 +158,14 @@ class _Digest:
 _DIGESTS: Dict[int, _Digest] = {}  # id(model) -> its last digest, dropped with the model
 
 
-def _weights_digest(model: nn.Module) -> str:
+def _weights_digest(model: nn.Module, params=None) -> str:
     """Identity of the weights: every name, shape, dtype and byte. A sampled
     hash could miss an edit and reuse a stale verdict. Hashing costs ~1 s per
     GB, so it is remembered per model until a parameter is replaced
-    (loading, updating) or edited in place (see :class:`_Digest`)."""
-    params = tree_flatten(model.parameters())
+    (loading, updating) or edited in place (see :class:`_Digest`).
+    ``params``: ``tree_flatten(model.parameters())`` if the caller has it."""
+    if params is None:
+        params = tree_flatten(model.parameters())
     held = _DIGESTS.get(id(model))
     if held is None or not held.holds(params):
         if held is None:
@@ -180,20 +182,33 @@ def _hash_weights(params) -> str:
     return h.hexdigest()[:16]
 
 
-def configuration(model: nn.Module) -> dict:
-    """Everything the verdict depends on, readable."""
-    params = dict(tree_flatten(model.parameters()))
-    dtypes = sorted({str(v.dtype) for k, v in params.items()
+def holds_scales(params) -> bool:
+    """Whether some parameter is a ``scales`` array: every quantized module
+    (QuantizedLinear, QuantizedEmbedding, or one holding packed weights the
+    way treespec.soundness finds them) holds one, so without any there is
+    no quantized module to walk the model for (a walk of the modules costs
+    more than the rest of a decode call's gate)."""
+    return any(k == "scales" or k.endswith(".scales") for k, _ in params)
+
+
+def configuration(model: nn.Module, params=None) -> dict:
+    """Everything the verdict depends on, readable. ``params``:
+    ``tree_flatten(model.parameters())`` if the caller has it."""
+    if params is None:
+        params = tree_flatten(model.parameters())
+    dtypes = sorted({str(v.dtype) for k, v in params
                      if not k.endswith((".scales", ".biases")) and mx.issubdtype(v.dtype, mx.floating)})
     quant = sorted({(getattr(m, "bits", None), getattr(m, "group_size", None))
-                    for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))})
+                    for _, m in model.named_modules()
+                    if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+                   ) if holds_scales(params) else []
     return {
         "model_type": model_type(model),
-        "weights": _weights_digest(model),
+        "weights": _weights_digest(model, params),
         "dtypes": dtypes,
         "weight_quant": [f"{b}bit/g{g}" for b, g in quant],
         "kv_quant": None,
-        "blas": detect().key(),
+        "blas": detect(mapped=False).key(),
         "device": str(mx.default_device()),
         "mlx": mx.__version__,
     }
@@ -322,16 +337,17 @@ _MEMO: Dict[str, Probe] = {}
 
 def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int = 0,
           adapter=None, adapter_name: str = ADAPTER, cache=None,
-          note: Optional[Callable[[str], None]] = None) -> Probe:
+          note: Optional[Callable[[str], None]] = None, params=None) -> Probe:
     """Measure every shape; memoized per (configuration, cache mode, shapes,
     draws, the adapter's name). ``adapter``: the tree adapter measured
     (default ``adapter_for(model)``), named by ``adapter_name`` in the key;
     ``cache``: the cache mode (treespec.kv.ProbeCache; None: mlx-lm's plain
     cache). Probes of the default adapter are also kept on disk
-    (treespec.gate_memo); ``note`` receives why a stored file was ignored."""
+    (treespec.gate_memo); ``note`` receives why a stored file was ignored.
+    ``params``: ``tree_flatten(model.parameters())`` if the caller has it."""
     shapes = [tuple(s) for s in shapes]
     mode = cache.describe() if cache is not None else None
-    config = {**configuration(model), **(mode or {})}
+    config = {**configuration(model, params), **(mode or {})}
     keyed = {**config, "draws": draws, "seed": seed, "adapter": adapter_name}
     key = _key(keyed, shapes)
     if key not in _MEMO:
@@ -384,10 +400,13 @@ class Decision:
                 "probe_memo": p.memo if p else None}
 
 
-def unsound_decision(model, shapes) -> Optional[Decision]:
+def unsound_decision(model, shapes, params=None) -> Optional[Decision]:
     """The decline, before any probe, of a model whose quantized products are
     unsound on this backend at the shapes' widths (treespec.soundness); None
-    where they are sound."""
+    where they are sound, or where ``params`` (``tree_flatten(model.parameters())``,
+    if the caller has it) hold no quantized module."""
+    if params is not None and not holds_scales(params):
+        return None
     unsound = kernel_faults(model, sorted({1, *(len(s) for s in shapes)}))
     if not unsound:
         return None
@@ -403,11 +422,13 @@ def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapt
     measured) where the model's quantized products are unsound on this
     backend (treespec.soundness), and where the backend cannot run the
     probe's forwards at all in this cache mode (an MLX error, quoted)."""
-    unsound = unsound_decision(model, shapes)
+    params = tree_flatten(model.parameters())  # walked once for every check below
+    unsound = unsound_decision(model, shapes, params)
     if unsound is not None:
         return unsound
     try:
-        p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name, cache=cache)
+        p = probe(model, shapes, draws, adapter=adapter, adapter_name=adapter_name, cache=cache,
+                  params=params)
     except RuntimeError as e:  # MLX's own: a kernel this backend lacks, a failed launch
         d = cache.describe() if cache is not None else None
         mode = f" in cache mode {', '.join(f'{k} {v}' for k, v in d.items())}" if d else ""

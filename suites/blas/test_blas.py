@@ -177,3 +177,29 @@ def test_a_reexec_is_refused_inside_pytest():
         pytest.skip(f"OpenBLAS not installed; CI installs it with: {blas.APT_COMMAND}")
     with pytest.raises(blas.BlasUnavailable, match="inside pytest"):
         blas.ensure_blas(other)
+
+
+THREADS_AT_RUN_TIME = (
+    "import ctypes, json\n"
+    "from treespec import blas\n"
+    "before = blas.detect(mapped=False)\n"
+    "ctypes.CDLL(before.library).openblas_set_num_threads(1)\n"
+    "after = blas.detect(mapped=False)\n"
+    "print('KEYS ' + json.dumps([before.threads, before.key(), after.threads, after.key()]))\n"
+)
+
+
+@needs_openblas
+@linux_only
+def test_the_key_follows_an_openblas_thread_count_changed_at_run_time():
+    """The library is classified once per process, its thread count read on
+    every detection: one and two OpenBLAS threads give different float32
+    logits, so a verdict measured with two must not be reused with one."""
+    proc = subprocess.run([sys.executable, "-c", THREADS_AT_RUN_TIME], cwd=ROOT,
+                          env=_env(LD_PRELOAD=OPENBLAS, OPENBLAS_NUM_THREADS="2"),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("KEYS "))
+    threads_before, key_before, threads_after, key_after = json.loads(line[5:])
+    assert (threads_before, threads_after) == (2, 1)
+    assert key_before.endswith("/t2") and key_after.endswith("/t1"), (key_before, key_after)

@@ -59,3 +59,13 @@ def test_the_gate_measures_again_after_an_in_place_weight_edit():
         assert decision.probe.key != before.probe.key, decision.reason
         assert math.isnan(decision.probe.max_abs_diff), decision.reason
     expect(verdict, GATE, *label)
+
+
+@pytest.mark.parametrize("bits,group_size", [(None, None), (4, 64), (8, 32)])
+def test_the_probe_key_names_the_weights_quantization(bits, group_size):
+    """Models that differ only in their weights' quantization never share a
+    verdict: the key names the bits and group size they were quantized with
+    (none for an unquantized model, whose gate walks no module for them)."""
+    kw = {} if bits is None else {"bits": bits, "group_size": group_size}
+    config = configuration(zoo.build("llama", "bfloat16", **kw))
+    assert config["weight_quant"] == ([] if bits is None else [f"{bits}bit/g{group_size}"])
