@@ -22,6 +22,10 @@
 #             tree injected and as batch rows (--batch-levels), no mlx-lm or confidence rows
 #     deep    the scaled bench of deep chains (blocks 7, 9, 11) against deep spines (depth
 #             5-8, two children per spine node), 11 repeats, no mlx-lm or confidence rows
+#     ab      ab_chain_mlx_lm.py --gate: treespec's chain against mlx-lm's at blocks 3 and 5,
+#             gated as every decode call is (study mode), 9 repeats
+#     setup   decode_setup_costs.py on 32 thin layers: a decode call's host set-up (the
+#             adapters, the gate with its probe memoized), this host's speed at host work
 # cuDNN attention is off unless MLX_CUDA_USE_CUDNN_SDPA is set (README: why).
 set -u
 d=${OUT:?set OUT}
@@ -71,7 +75,10 @@ for step in ${STEPS:-costs:150 levels:80 curve:60 bench:280}; do
     --batch-levels "--trees=2,1,1,1 2,2,1" ;;
   deep) bench deep "$limit" --blocks 7,9,11 --no-mlx-lm --no-confidence --repeats 11 \
     "--trees=$(spine 5) $(spine 6) $(spine 7) $(spine 8)" ;;
+  ab) run ab "$limit" python3 scripts/ab_chain_mlx_lm.py --pair scaled --dims "$dims" \
+    --blocks 3,5 --max-tokens 48 --repeats 9 --gate ;;
+  setup) run setup "$limit" python3 scripts/decode_setup_costs.py --dims 64x32 ;;
   *) echo "unknown step $name (costs levels curve census census-rows census-nographs census-graphcache" \
-    "bench bench-rows deep)"; exit 2 ;;
+    "bench bench-rows deep ab setup)"; exit 2 ;;
   esac
 done
