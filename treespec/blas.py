@@ -196,30 +196,26 @@ def _resolve_sgemm() -> int | None:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def _classify(library: str) -> tuple[str, int | None, str | None]:
-    """(name, threads, version) of the library that defines cblas_sgemm."""
-    name, threads, version = _classified(library)
-    return name, threads(), version
+_CLASSIFIED: dict = {}  # library path -> _classify(library)
 
 
-_CLASSIFIED: dict = {}  # library path -> (name, threads reader, version)
-
-
-def _classified(library: str):
-    """(name, a reader of its thread count, version) of ``library``, looked
-    up once per path: a loaded library's name and version do not change
-    while it stays mapped (MLX holds it), its thread count can
+def _classified(library: str) -> tuple[str, int | None, str | None]:
+    """(name, threads, version) of the library that defines cblas_sgemm,
+    classified once per path: a loaded library's name and version do not
+    change while it stays mapped (MLX holds it); its thread count can
     (``openblas_set_num_threads``), so that is read on every call."""
     if library not in _CLASSIFIED:
-        _CLASSIFIED[library] = _classify_once(library)
-    return _CLASSIFIED[library]
+        _CLASSIFIED[library] = _classify(library)
+    name, threads, version = _CLASSIFIED[library]
+    return name, threads(), version
 
 
 def _fixed(n: int | None):
     return lambda: n
 
 
-def _classify_once(library: str):
+def _classify(library: str):
+    """(name, a reader of its thread count, version) of ``library``."""
     try:
         # Already loaded: this only takes a reference. dlsym on the handle searches the object
         # and its dependencies (Debian's openblas libblas.so.3 is a shim over libopenblas.so.0).
@@ -291,7 +287,7 @@ def detect(mapped: bool = True) -> BlasInfo:
         _DEFINED_IN[addr] = library
     library = _DEFINED_IN[addr] if addr else None
     if library is not None:
-        cpu_name, threads, version = _classify(library)
+        cpu_name, threads, version = _classified(library)
     elif sys.platform == "darwin":
         cpu_name, threads, version = "accelerate", None, None
     else:
