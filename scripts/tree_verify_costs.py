@@ -206,9 +206,9 @@ def main():
     def after(other, build, n):
         """``building(build, n)``, each call right after the other build's
         call (evaluated, untimed): each is timed where the other ran last,
-        as in a decode loop, where neither follows itself. Timed back to
-        back a plain forward finds more of its own code and objects warm
-        than a verify, whose stand-ins and checks touch more."""
+        as in a decode loop, where neither follows itself, so that the ratio
+        can be compared with the back-to-back one (README: no difference
+        measured)."""
         first, timed_part = building(other, n), building(build, n)
 
         def step():

@@ -43,7 +43,7 @@ from .attention_check import AttentionCheck, interleaved_rows_match
 from .blas import detect
 from .models import model_type, prefilled, vocab_size
 from .options import MAX_DRAFT_NODES
-from .soundness import faults as kernel_faults
+from .soundness import faults as kernel_faults, holds_scales
 from .tree import DraftTree
 from .verify import adapter_for
 
@@ -180,15 +180,6 @@ def _hash_weights(params) -> str:
         h.update(f"{name}:{w.shape}:{w.dtype}".encode())
         h.update(bytes(memoryview(mx.contiguous(w).view(mx.uint8) if w.dtype == mx.bfloat16 else w)))
     return h.hexdigest()[:16]
-
-
-def holds_scales(params) -> bool:
-    """Whether some parameter is a ``scales`` array: every quantized module
-    (QuantizedLinear, QuantizedEmbedding, or one holding packed weights the
-    way treespec.soundness finds them) holds one, so without any there is
-    no quantized module to walk the model for (a walk of the modules costs
-    more than the rest of a decode call's gate)."""
-    return any(k == "scales" or k.endswith(".scales") for k, _ in params)
 
 
 def configuration(model: nn.Module, params=None) -> dict:

@@ -33,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-__all__ = ["REPEATS", "ROWS", "SLACK", "Fault", "faults", "quantized_modules"]
+__all__ = ["REPEATS", "ROWS", "SLACK", "Fault", "faults", "holds_scales", "quantized_modules"]
 
 # Widths probed by default, in the order probed (the first fault ends the
 # probe): 5 rows first, where the H200 showed its faults, then the suite's
@@ -71,6 +71,15 @@ def quantized_modules(model: nn.Module) -> List[nn.Module]:
         key = (tuple(w.shape), m.bits, m.group_size, getattr(m, "mode", "affine"), s.dtype)
         out.setdefault(key, m)
     return list(out.values())
+
+
+def holds_scales(params) -> bool:
+    """Whether some parameter (``tree_flatten(model.parameters())``) is a
+    ``scales`` array. Every quantized module holds one (QuantizedLinear,
+    QuantizedEmbedding, and what :func:`quantized_modules` finds), so where
+    none is there is no quantized module to walk the model for: a walk of
+    the modules costs more than the rest of a decode call's gate."""
+    return any(k == "scales" or k.endswith(".scales") for k, _ in params)
 
 
 def _product(m, x):
