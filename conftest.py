@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from syrupy.extensions.amber import AmberSnapshotExtension
 
-from treespec import blas
+from treespec.backend import blas
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -99,7 +99,7 @@ def pytest_configure(config):
         or "ci"
     )
     settings.load_profile(profile)
-    # The gate's verdicts on disk (treespec/gate_memo.py) go to a folder of this
+    # The gate's verdicts on disk (treespec/evidence/gate_memo.py) go to a folder of this
     # run, not the user's ~/.cache/treespec; subprocesses and xdist workers
     # inherit it. A caller's TREESPEC_CACHE_DIR is kept.
     if not os.environ.get("TREESPEC_CACHE_DIR"):

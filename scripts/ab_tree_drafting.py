@@ -15,9 +15,9 @@ import sys
 import time
 
 
-from treespec.bench import PROMPTS, parse_trees
+from treespec.bench.measure import PROMPTS, parse_trees
 from treespec.checkpoints import load_default_pair
-from treespec.decode import decode
+from treespec.decoding import decode
 from treespec.draft import FixedTreeDrafter
 
 

@@ -10,7 +10,7 @@ import argparse
 import mlx_lm
 
 from treespec import zoo
-from treespec.decode import decode
+from treespec.decoding import decode
 
 PROMPTS = ["The target model verifies a whole tree", "def main(): return print(",
            "grüße aus München, café", "A sliding window forgets old positions"]

@@ -1,7 +1,7 @@
 """What a tree verify costs on a hybrid (GatedDeltaNet + attention) model.
 
 For each tree shape: the verify forward with the tree-aware recurrence
-(treespec.verify.recurrence, one batched mixer call per depth) next to a plain
+(treespec.verify.tree_recurrence, one batched mixer call per depth) next to a plain
 chain verify of the same node count and a chain of the same depth (depth + 1
 nodes), medians of --repeats runs, caches restored before every run (not
 timed). A second table does the same for one recurrent layer alone.
@@ -14,7 +14,7 @@ Figures are printed only for shapes whose exactness check passed in this run
     python scripts/bench_hybrid.py --dims 1024x8      # random qwen3_5, 1024 wide, 8 layers
     python scripts/bench_hybrid.py --dims 1024x8 --dtype bfloat16 --blas openblas
 
-Run it with the BLAS the numbers are for (treespec.blas describes the one loaded).
+Run it with the BLAS the numbers are for (treespec.backend.blas describes the one loaded).
 """
 
 import argparse
@@ -26,12 +26,12 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 
-from treespec import blas
+from treespec.backend import blas
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify.footprint import state_footprint
 from treespec.mixers import discover
-from treespec.verify.recurrence import TreeRecurrence, tree_mixer_forward
+from treespec.verify.tree_recurrence import TreeRecurrence, tree_mixer_forward
 
 
 def _chains(k, length):

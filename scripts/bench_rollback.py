@@ -11,7 +11,7 @@ its cost must not grow with the offset; the verify's attention does.
     python scripts/bench_rollback.py --family llama        # a zoo model instead
     python scripts/bench_rollback.py --offsets 128,8192 --repeats 9 --modes kv,q8,rotating
 
-Run it with the BLAS the numbers are for (treespec.blas describes the one loaded).
+Run it with the BLAS the numbers are for (treespec.backend.blas describes the one loaded).
 """
 
 import argparse
@@ -24,7 +24,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 
-from treespec import blas
+from treespec.backend import blas
 from treespec.rollback import commit_path, snapshot
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
@@ -40,7 +40,7 @@ def build(args):
         from treespec import zoo
 
         return zoo.build(args.family)
-    from treespec.costcurve import build_llama
+    from treespec.auto.costcurve import build_llama
 
     hidden, layers = (int(x) for x in args.dims.split("x"))
     return build_llama(hidden, layers)

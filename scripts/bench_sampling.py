@@ -17,7 +17,7 @@ per target verify forward, ``speedup`` = median of per-repeat ratios to
 classic.
 
 Exactness next to the figures (contract 10): every speculative
-configuration runs treespec.gate's probe of its tree shapes (tree verify
+configuration runs treespec.evidence.gate's probe of its tree shapes (tree verify
 bit-identical to single-token steps) and reports its verdict; a
 configuration whose gate declined prints no figure. The sampling rule's
 exactness in law is suites/sampling (run it: ``pytest suites/sampling``).
@@ -82,7 +82,7 @@ def one(target, draft, prompt, temp, seed, cfg, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    from treespec.blas import describe
+    from treespec.backend.blas import describe
 
     target, tok = mlx_lm.load(str(PAIR / "target"))
     draft, _ = mlx_lm.load(str(PAIR / "draft"))

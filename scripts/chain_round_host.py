@@ -2,7 +2,7 @@
 
     python scripts/chain_round_host.py [--layers 32] [--repeats 300]
 
-A seeded random llama (``treespec.costcurve.build_llama``, hidden 64,
+A seeded random llama (``treespec.auto.costcurve.build_llama``, hidden 64,
 vocabulary 256: a forward's host work dominates) with a 64-token cache. Each
 repeat times, interleaved (the order alternating), treespec's chain verify
 of 3 nodes (``TreeAdapter.verify``, graph building only) and its commit of 2
@@ -26,7 +26,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from treespec import caches, rollback
-from treespec.costcurve import build_llama
+from treespec.auto.costcurve import build_llama
 from treespec.tree import DraftTree
 from treespec.verify import adapter as adapter_module
 from treespec.verify.adapter import adapter_for

@@ -17,10 +17,10 @@ number of prompts on which they differ.
 
 import argparse
 
-from treespec import scaled
-from treespec.bench import mlx_lm_run
-from treespec.decode import decode
-from treespec.flags import parse_blocks
+from treespec.bench import scaled
+from treespec.bench.measure import mlx_lm_run
+from treespec.decoding import decode
+from treespec.cli.flags import parse_blocks
 
 
 def main():

@@ -23,8 +23,8 @@ import time
 import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
 
-from treespec import scaled
-from treespec.decode import decode
+from treespec.bench import scaled
+from treespec.decoding import decode
 from treespec.draft import make_drafter
 
 

@@ -6,7 +6,7 @@
 A verify of the 9-node tree [2,1,1,1] writes its nodes at ``offset ..
 offset + 8``; committing the branch [0, 5, 6, 7, 8] moves four rows of every
 attention cache's keys and values (64 arrays on 32 layers). Each item is one
-step ended by an evaluation (treespec.timing.interleaved); ratios are taken
+step ended by an evaluation (treespec.bench.timing.interleaved); ratios are taken
 against the verify in the same pass:
 
 - ``adapter.commit`` of the first-choice path (a trim: no row moves) and of
@@ -31,9 +31,9 @@ from time import perf_counter as _now
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from treespec import scaled
+from treespec.bench import scaled
 from treespec.draft import make_drafter
-from treespec.timing import interleaved, ratio
+from treespec.bench.timing import interleaved, ratio
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
 

@@ -3,16 +3,16 @@ forward's graph on every call, against once per model object.
 
     python scripts/decode_setup_costs.py [--dims 64x32] [--tokens 2] [--repeats 15]
 
-A seeded random llama (``treespec.costcurve.build_llama``, vocabulary 256)
+A seeded random llama (``treespec.auto.costcurve.build_llama``, vocabulary 256)
 of HIDDENxLAYERS as the target and its 2-layer twin as the drafter, so that
-a forward's host work dominates; ``treespec.decode`` in chain mode, block 3,
+a forward's host work dominates; ``treespec.decoding`` in chain mode, block 3,
 ``--tokens`` tokens, gate off. Two variants interleaved per repeat (5 calls
 each, median): "fresh", the width kept on the models removed before every
 call (what every decode paid before it was kept), and "kept". Prints both
 medians and the median of per-repeat differences; then what building the
 adapters of a call costs (``adapter_for`` of each model, ``structure`` of the
 target) and the call's exactness gate once its probe is memoized
-(``treespec.gate.decide``, as every call after the first pays it), medians
+(``treespec.evidence.gate.decide``, as every call after the first pays it), medians
 of 60 calls.
 """
 
@@ -20,11 +20,11 @@ import argparse
 import statistics
 import time
 
-from treespec.costcurve import build_llama
-from treespec.decode import decode
+from treespec.auto.costcurve import build_llama
+from treespec.decoding import decode
 from treespec.draft import make_drafter
-from treespec.flags import parse_dims
-from treespec.gate import decide
+from treespec.cli.flags import parse_dims
+from treespec.evidence.gate import decide
 from treespec.models import _VOCAB
 from treespec.verify import adapter_for
 from treespec.verify.structure import structure

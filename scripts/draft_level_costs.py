@@ -38,9 +38,10 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from treespec import caches, scaled
+from treespec import caches
+from treespec.bench import scaled
 from treespec.draft.base import logprobs_of, top_children, top_ids
-from treespec.timing import interleaved, ratio
+from treespec.bench.timing import interleaved, ratio
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import mlx.core as mx
 
 from treespec import zoo
-from treespec.blas import describe, detect
-from treespec.costcurve import build_llama
-from treespec.decode import decode
-from treespec.gate import decide, shapes_for
+from treespec.backend.blas import describe, detect
+from treespec.auto.costcurve import build_llama
+from treespec.decoding import decode
+from treespec.evidence.gate import decide, shapes_for
 
 TREES = [(-1, 0, 0, 1, 1, 2, 2), (-1, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8), (-1, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)]
 

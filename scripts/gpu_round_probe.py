@@ -13,9 +13,9 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from treespec import scaled
-from treespec.bench import Config, mlx_lm_run
-from treespec.decode import decode
+from treespec.bench import scaled
+from treespec.bench.measure import Config, mlx_lm_run
+from treespec.decoding import decode
 
 
 def step_ms(model, T, context=64, n=20):
@@ -33,7 +33,7 @@ def step_ms(model, T, context=64, n=20):
 
 def parse_config(text):
     """'classic', 'chain:B', 'tree:B1,B2,..' (branching), 'parents:-1,0,..',
-    'mlx-lm:B' -> a treespec.bench.Config (its runner is bench.run_config)."""
+    'mlx-lm:B' -> a treespec.bench.measure.Config (its runner is bench.run_config)."""
     kind, _, arg = text.partition(":")
     ints = tuple(int(x) for x in arg.split(",") if x)
     if kind == "classic":

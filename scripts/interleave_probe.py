@@ -19,8 +19,8 @@ import time
 
 import mlx.core as mx
 
-from treespec import scaled
-from treespec.bench import Config, SharedProbe, build_configs, run_config
+from treespec.bench import scaled
+from treespec.bench.measure import Config, SharedProbe, build_configs, run_config
 
 CONFIGS = [Config("classic", "classic"), Config("chain b=5", "chain", block=5),
            Config("fixed [2,1,1,1]", "fixed", branching=(2, 1, 1, 1)),

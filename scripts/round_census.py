@@ -29,10 +29,10 @@ from collections import Counter
 
 import mlx.core as mx
 
-from treespec import scaled
-from treespec.decode import decode
+from treespec.bench import scaled
+from treespec.decoding import decode
 from treespec.draft import FixedTreeDrafter
-from treespec.graph_census import difference, primitives
+from treespec.bench.graph_census import difference, primitives
 from treespec.models import vocab_size
 from treespec.verify.adapter import adapter_for
 

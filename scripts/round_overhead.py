@@ -13,7 +13,7 @@ The zoo model (tiny, default) makes the host's share of a round large, which
 is what this measures; ``--pair`` the trained pair. ``--calls-only`` skips
 valgrind and prints the Python function calls per round (cProfile) outside
 the model's own modules. ``--random HxL``: a seeded random float32 llama of
-that size with a 256-token vocabulary (treespec.costcurve.build_llama) and
+that size with a 256-token vocabulary (treespec.auto.costcurve.build_llama) and
 a 2-layer one as its drafter: rounds of one or two tokens (the two agree by
 chance), but every round drafts and verifies its whole block, with the host
 work of as many layers as the H200's 4096x32 and little arithmetic.
@@ -35,8 +35,8 @@ def load(args):
     import mlx_lm
 
     if args.random:
-        from treespec.costcurve import build_llama
-        from treespec.flags import parse_dims
+        from treespec.auto.costcurve import build_llama
+        from treespec.cli.flags import parse_dims
 
         hidden, layers = parse_dims(args.random)
         target = build_llama(hidden, layers, vocab=256)
@@ -56,8 +56,8 @@ def load(args):
 
 def decode_once(which, target, draft, prompt, n, block) -> int:
     """Decode ``n`` tokens; returns the number of rounds."""
-    from treespec.bench import mlx_lm_run
-    from treespec.decode import decode
+    from treespec.bench.measure import mlx_lm_run
+    from treespec.decoding import decode
 
     if which == "treespec":
         return decode(target, prompt, draft_model=draft, max_tokens=n, gate=False,

@@ -24,8 +24,8 @@ import statistics
 
 from gpu_round_probe import parse_config
 
-from treespec import scaled
-from treespec.bench import run_config
+from treespec.bench import scaled
+from treespec.bench.measure import run_config
 
 ENV = ("MLX_CUDA_SDPA_CACHE_SIZE", "MLX_CUDA_USE_CUDNN_SDPA", "MLX_USE_CUDA_GRAPHS")
 

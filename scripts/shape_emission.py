@@ -1,5 +1,5 @@
 """Tokens per verify of many draft shapes, from one classic decode and one
-teacher-forced draft forward per prompt (treespec.emission): which shapes are
+teacher-forced draft forward per prompt (treespec.auto.emission): which shapes are
 worth a timed bench.
 
     python scripts/shape_emission.py --pair default [--max-tokens 48] [--prompts 2]
@@ -7,7 +7,7 @@ worth a timed bench.
     python scripts/shape_emission.py --pair default --trees="2,2,1 -1,0,0,1,1"   # these too
 
 The trained pair takes the bench's Python prompts; the scaled pair its seeded
-token prompts (treespec.scaled.default_prompts). Shapes: chains of block 2..9,
+token prompts (treespec.bench.scaled.default_prompts). Shapes: chains of block 2..9,
 spines (each spine node one more child than the spine goes on with, the
 last spine node's children all leaves; ``spine d x w``: depth d, w children
 per spine node; the bench's p[-1,0,0,1,1,3,3,5,5] is spine 4x2), and fixed
@@ -20,13 +20,13 @@ and ``tree_verify_costs.py``'s.
 import argparse
 import time
 
-from treespec import scaled
-from treespec.bench_prompts import PROMPTS
+from treespec.bench import scaled
+from treespec.bench.prompts import PROMPTS
 from treespec.checkpoints import load_default_pair
-from treespec.decode import decode
+from treespec.decoding import decode
 from treespec.draft import FixedTreeDrafter, fixed_shape, shape_name
-from treespec.emission import draft_ranks, rounds
-from treespec.flags import parse_trees
+from treespec.auto.emission import draft_ranks, rounds
+from treespec.cli.flags import parse_trees
 from treespec.tree import DraftTree
 
 BRANCHINGS = ([2, 1, 1], [2, 1, 1, 1], [2, 2, 1], [3, 1, 1, 1], [2, 2, 1, 1], [2, 1, 1, 1, 1],

@@ -5,7 +5,7 @@
         [--out results/startup/NAME.json]
 
 Times, each as a fresh process, ``--repeats`` times interleaved: ``treespec
---help``, ``python -c "import treespec.cli"`` and ``treespec generate`` on
+--help``, ``python -c "import treespec.cli.main"`` and ``treespec generate`` on
 the default pair. ``--baseline DIR``: the same commands from another checkout
 of treespec (e.g. ``git archive COMMIT | tar -x -C DIR``; run from DIR, so its
 package is the one imported), interleaved with this one's run by run, so a
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = {
     "help": ["-m", "treespec", "--help"],
-    "import": ["-c", "import treespec.cli"],
+    "import": ["-c", "import treespec.cli.main"],
     "generate": ["-m", "treespec", "generate"],
 }
 

@@ -578,7 +578,7 @@ def cmd_train_draft(args):
         logf.write(json.dumps(rec) + "\n")
         logf.flush()
 
-    from treespec.blas import detect
+    from treespec.backend.blas import detect
 
     log({"device": str(mx.default_device()), "mlx": mx.__version__, "blas": str(detect()),
          "python": sys.version.split()[0], "target": str(args.target), "args": cli_args(args)})

@@ -3,7 +3,7 @@
     python scripts/tree_verify_costs.py [--dims 2048x16] [--alpha 0.02] [--repeats 9]
     python scripts/tree_verify_costs.py --pair default|weak [--repeats 9]
 
-On the scaled pair (treespec.scaled, bf16) or the built-in trained pair. Every
+On the scaled pair (treespec.bench.scaled, bf16) or the built-in trained pair. Every
 item is one step ended by an evaluation, timed ``--calls`` times (median)
 within a repeat; the items run interleaved, in an order rotated every repeat,
 and each ratio is the median over repeats of the item's time over its
@@ -52,11 +52,11 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from treespec import scaled
+from treespec.bench import scaled
 from treespec.draft import FixedTreeDrafter, make_drafter
-from treespec.graph_census import difference, primitives
+from treespec.bench.graph_census import difference, primitives
 from treespec.rollback import capture_written, commit_path, snapshot
-from treespec.timing import interleaved, ratio
+from treespec.bench.timing import interleaved, ratio
 from treespec.tree import DraftTree
 from treespec.verify.adapter import adapter_for
 from treespec.verify.attention import injected, rope_owners

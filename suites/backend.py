@@ -18,8 +18,8 @@ import mlx.core as mx
 import pytest
 
 from suites.verdict import BACKEND_GAP, EXACT_REGIMES, PROPERTY
-from treespec import numerics
-from treespec.blas import regime
+from treespec.evidence import numerics
+from treespec.backend.blas import regime
 
 _NO_KERNEL = re.compile(
     r"\[quantized_matmul\] No implementation for problem shape: (\d+)x(\d+)x(\d+)x(\d+), "

@@ -12,16 +12,16 @@ pass.
 from typing import Optional
 
 from suites.helpers_numerics import EXACT_REGIMES
-from treespec import numerics
-from treespec.blas import regime
+from treespec.evidence import numerics
+from treespec.backend.blas import regime
 
-DECLINED = "declined to classic decode"  # how treespec.gate.decide's reason starts
+DECLINED = "declined to classic decode"  # how treespec.evidence.gate.decide's reason starts
 
 
 def gate_verdict(gate: dict, reported: Optional[str] = None,
                  requested: Optional[str] = None) -> numerics.Verdict:
     """Check a decision of the gate (a run's ``stats.gate``, i.e.
-    ``treespec.gate.Decision.summary()``, made without ``allow_inexact``) and
+    ``treespec.evidence.gate.Decision.summary()``, made without ``allow_inexact``) and
     return its verdict. ``reported``/``requested``: the run's mode and the
     mode asked for; a declined run reports ``classic (declined MODE)``."""
     if regime() in EXACT_REGIMES:

@@ -4,7 +4,7 @@ verdict for the table, and fail or skip as it says.
 
     check(got, want, model, context=offset, widths=(n, k, ...), contract=VERIFY)
 
-``treespec.numerics`` measures the envelope (memoized per process, keyed by
+``treespec.evidence.numerics`` measures the envelope (memoized per process, keyed by
 model, cache mode, context bucket and widths), and only when the two differ:
 on a bit-exact backend nothing is measured unless something differs, and
 then the envelope is 0 and the verdict FAIL.
@@ -17,7 +17,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from suites.verdict import EXACT_REGIMES, SOUND, expect  # noqa: F401  (EXACT_REGIMES re-exported)
-from treespec import numerics, soundness
+from treespec.evidence import numerics
+from treespec.backend import soundness
 from treespec.models import model_type
 
 
@@ -74,7 +75,7 @@ def exact(contract: str, model, mode: str = "", label: Optional[tuple] = None):
 
 def require_sound(model, widths: Sequence[int] = soundness.ROWS, label: Optional[tuple] = None):
     """``model``, once its quantized products are sound on this backend at
-    ``widths`` (treespec.soundness); else no test of it can give a verdict:
+    ``widths`` (treespec.backend.soundness); else no test of it can give a verdict:
     recorded inconclusive under SOUND, naming the faults, and the test
     skipped (a FAIL on an exact regime). Returns the model (one without
     quantized products passes as it is)."""

@@ -29,7 +29,8 @@ import mlx.nn as nn
 import mlx_lm.models.base as mlx_base
 import pytest
 
-from treespec import gate, numerics, rows, zoo
+from treespec.evidence import gate, numerics
+from treespec import rows, zoo
 
 FAIL, DECLINED = "FAIL", "declined"
 
@@ -197,7 +198,7 @@ def planted(name: str):
     if name not in PLANTS:
         raise pytest.UsageError(f"--plant: unknown plant {name!r}; known: {', '.join(PLANTS)}")
     mp = pytest.MonkeyPatch()
-    # The probe's disk memo too (treespec.gate_memo): its key names the code
+    # The probe's disk memo too (treespec.evidence.gate_memo): its key names the code
     # and the weights, not a planted kernel, so a planted probe must neither
     # read the real verdicts nor store its own.
     memo = tempfile.mkdtemp(prefix="treespec-plant-")

@@ -14,7 +14,7 @@ unit, the first compiles and the rest find the kernels there.
 
 And the tests of one file on one model and dtype (a parameter id starting
 ``family-dtype`` or ``family/dtype``) share what a process builds once: the
-model, and the envelope measurements treespec.numerics memoizes per model and
+model, and the envelope measurements treespec.evidence.numerics memoizes per model and
 context bucket, which an inexact backend measures for every comparison.
 
 Both groups are read off the node id, the only thing the xdist controller

@@ -4,7 +4,7 @@ terminal summary section at the end of every pytest run and written as JSON
 with ``--verdict-json PATH`` (loaded by the root conftest.py).
 
 A test hands each judged comparison to :func:`expect` (a
-``treespec.numerics.Verdict`` and where it belongs); the records of one test
+``treespec.evidence.numerics.Verdict`` and where it belongs); the records of one test
 merge to the worst per (contract, family, dtype) and travel with its report
 (``report.user_properties``), so they reach the controller under
 pytest-xdist. An exactness test that records nothing (pure logic,
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from treespec import numerics
-from treespec.blas import describe, regime
+from treespec.evidence import numerics
+from treespec.backend.blas import describe, regime
 
 PROPERTY = "treespec-verdicts"
 
@@ -104,7 +104,7 @@ def unrecorded():
 def expect(verdict: numerics.Verdict, contract: str, family: str = "-", dtype: str = "-"):
     """Record ``verdict``; fail the test on FAIL, skip it (with the figures)
     when inconclusive; return it otherwise. Inconclusive for unsound kernels
-    (treespec.soundness) is a FAIL on an exact regime."""
+    (treespec.backend.soundness) is a FAIL on an exact regime."""
     if verdict.word == numerics.INCONCLUSIVE and numerics.UNSOUND in verdict.detail \
             and regime() in EXACT_REGIMES:
         verdict = numerics.Verdict(numerics.FAIL, verdict.max_diff, detail=(
@@ -132,10 +132,10 @@ def _derived_contract(nodeid: str) -> str:
 
 @pytest.fixture(scope="session")
 def envelope():
-    """``treespec.numerics.envelope(model, context, widths, kv_bits, kv_group)``:
+    """``treespec.evidence.numerics.envelope(model, context, widths, kv_bits, kv_group)``:
     the session's measured envelopes, keyed by model, cache mode, context
     bucket and widths (measured once per process, on first use). Judge with
-    ``treespec.numerics.judge`` and record with :func:`expect`, or call
+    ``treespec.evidence.numerics.judge`` and record with :func:`expect`, or call
     ``suites.helpers_numerics.check``, which does all three."""
     return numerics.envelope
 

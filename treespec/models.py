@@ -87,7 +87,7 @@ def prefill(model: nn.Module, cache, tokens: Sequence[int], step: int = PREFILL_
             after: Optional[Callable[[list], None]] = None):
     """Plain forwards over committed tokens, chunked as mlx-lm prefills;
     ``after(cache)`` runs after each chunk, where mlx-lm quantizes
-    (treespec.kv.quantizer)."""
+    (treespec.kv_options.quantizer)."""
     tokens = list(tokens)
     for i in range(0, len(tokens), step):
         model(mx.array(tokens[i : i + step])[None], cache=cache)

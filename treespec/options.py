@@ -2,7 +2,7 @@
 ranges, and the bounds on a round's size.
 
 Pure (standard library only), so the command line checks its flags with the
-very code ``treespec.decode.decode`` runs, before it imports MLX or loads a
+very code ``treespec.decoding.decode`` runs, before it imports MLX or loads a
 model. Every message names the option the way the caller spelled it
 (:class:`Spelling`: ``top_p=0.9`` for the library, ``--top-p 0.9`` for the
 command line). Nothing is accepted and ignored: an option that cannot act in
@@ -341,7 +341,7 @@ class DecodeOptions:
         """``batch_levels`` changes how a fixed tree's levels of several fed
         nodes are drafted (treespec.draft.fixed); anywhere else it would do
         nothing, so it is refused there. Whether the draft caches can be
-        forked into rows is the model's (treespec.decode.check)."""
+        forked into rows is the model's (treespec.decoding.check)."""
         if not isinstance(self.batch_levels, bool):
             raise OptionError(f"{spell('batch_levels', self.batch_levels)}: must be True or False")
         if not self.batch_levels:

@@ -95,7 +95,7 @@ def snapshot(cache: List[Any]) -> Snapshot:
 
 class KeptStates(Protocol):
     """Per-node recurrent states a tree-aware recurrence kept during a verify
-    (treespec.verify.recurrence.TreeStates): committing a node copies its
+    (treespec.verify.tree_recurrence.TreeStates): committing a node copies its
     state instead of replaying the path."""
 
     def node(self, i: int) -> list:

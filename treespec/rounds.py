@@ -7,7 +7,7 @@ with the exactness gate in front of it. Everything the loop uses is a
 parameter: the drafter, the target's tree ``adapter``, the ``walk`` that
 decides what the target accepts (greedy here, the sampled rule in
 treespec.sampling), the ``readout`` of the verify logits and the classic
-``fallback`` the gate declines to. ``treespec.decode.decode`` is the entry
+``fallback`` the gate declines to. ``treespec.decoding.decode`` is the entry
 point that builds them from options.
 """
 
@@ -18,10 +18,10 @@ from typing import Callable, Optional, Sequence
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
 
-from . import caches, kv as kv_caches
+from . import caches, kv_options as kv_caches
 from .checks import token_ids
 from .draft import Drafter, Round
-from .gate import decide
+from .evidence.gate import decide
 from .models import PREFILL_STEP, prefill, vocab_size
 from .options import KVOptions
 from .stats import Result, Stats, clip, eos_set
@@ -87,7 +87,7 @@ def _warn_once(decision):
 
 def gate_decision(target, shapes, kv: KVOptions, prompt_len: int, max_tokens: int,
                   allow_inexact: bool, adapter, adapter_name: str):
-    """The gate over every cache mode this run verifies in (treespec.kv): the
+    """The gate over every cache mode this run verifies in (treespec.kv_options): the
     first mode that declines decides, else the first inexact one, else the
     first. Returns (decision, its summary with every mode's probe time)."""
     decisions = [decide(target, shapes, allow_inexact=allow_inexact, adapter=adapter,
@@ -136,7 +136,7 @@ def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
     accepts (default: the greedy ``tree_walk``); ``fallback()`` is the
     classic decode the gate declines to; ``on_round(round, walk)`` sees every
     round after its commit; ``kv``: mlx-lm's KV cache options, for both
-    models' caches (treespec.kv: rounds are cut to end where classic
+    models' caches (treespec.kv_options: rounds are cut to end where classic
     decoding starts to quantize)."""
     prompt = prompt_ids(target, prompt)
     same_vocabulary(target, draft_model)

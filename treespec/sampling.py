@@ -30,7 +30,7 @@ reference BLAS, where the gate finds tree verify bit-identical).
 
 Not supported, refused by name: logits processors (repetition / presence /
 frequency penalties, logit bias) and XTC; temperature 0 is greedy decoding,
-which is ``treespec.decode.decode``.
+which is ``treespec.decoding.decode``.
 """
 
 from dataclasses import dataclass
@@ -42,7 +42,7 @@ import numpy as np
 from .checks import integer
 from .draft import DraftRound, FixedTreeDrafter
 from .errors import SamplingRefused
-from .kv import DEFAULT as DEFAULT_KV
+from .kv_options import DEFAULT as DEFAULT_KV
 from .options import KVOptions
 from .rounds import MODES, classic, speculative
 from .sampling_rule import (

@@ -86,7 +86,7 @@ class SamplingParams:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
             raise SamplingRefused(
                 f"temperature must be > 0 for sampled decoding, got {t!r}; temperature 0 "
-                "is greedy decoding: use treespec.decode.decode")
+                "is greedy decoding: use treespec.decoding.decode")
         check_sampling(self.top_k, self.top_p, self.min_p, error=SamplingRefused)
 
     def logprobs(self, logits: mx.array) -> mx.array:

@@ -60,7 +60,7 @@ for step in ${STEPS:-costs:150 levels:80 curve:60 bench:280}; do
   case $name in
   costs) run costs "$limit" python3 scripts/tree_verify_costs.py --dims "$dims" --repeats 7 ;;
   levels) run draft-levels "$limit" python3 scripts/draft_level_costs.py --dims "$dims" --repeats 7 ;;
-  curve) run curve "$limit" python3 -m treespec.costcurve --dims "$dims" --dtypes bfloat16 \
+  curve) run curve "$limit" python3 -m treespec.auto.costcurve --dims "$dims" --dtypes bfloat16 \
     --Ts 1,3,5,7,9,11,13,15,17 ;;
   census) run census "$limit" python3 scripts/round_census.py --dims "$dims" --start-commits ;;
   census-rows) run census-rows "$limit" python3 scripts/round_census.py --dims "$dims" \

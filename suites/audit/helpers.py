@@ -8,9 +8,9 @@ no forward (the adapter, the walks) pass on every backend. Rows are the
 audit's ``--json`` dicts or its ``Check`` objects."""
 
 from suites.helpers_numerics import EXACT_REGIMES
-from treespec import numerics
+from treespec.evidence import numerics
 from treespec.audit.records import INCONCLUSIVE, PASS
-from treespec.blas import regime
+from treespec.backend.blas import regime
 
 
 def field(row, key: str):

@@ -12,7 +12,7 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 
 from treespec.caches import rotating_kept
-from treespec.numerics import FlatRecurrence
+from treespec.evidence.numerics import FlatRecurrence
 from treespec.verify import TreeAdapter, adapter_for
 from treespec.verify.attention import tree_injected
 from treespec.walk import Walk, tree_walk

@@ -15,7 +15,7 @@ from suites.audit.helpers import assert_numeric_row, rows_verdict
 from suites.families.helpers_models import build
 from suites.helpers_numerics import EXACT_REGIMES, model_label
 from suites.verdict import AUDIT, record
-from treespec.blas import regime
+from treespec.backend.blas import regime
 from treespec.audit import runner
 from treespec.audit.records import FAIL, SKIP
 from treespec.audit.states import cache_modes, histories, plain, replay

@@ -21,8 +21,10 @@ from suites.audit.helpers_defects import DEFECTS
 from suites.helpers_numerics import EXACT_REGIMES
 from suites.helpers_subprocess import project_env
 from suites.verdict import AUDIT, expect, record
-from treespec import audit, cli, numerics, zoo
-from treespec.blas import regime
+from treespec import audit, zoo
+from treespec.cli import main as cli
+from treespec.evidence import numerics
+from treespec.backend.blas import regime
 
 pytestmark = pytest.mark.exactness
 

@@ -12,7 +12,7 @@ import pytest
 
 from suites.verdict import record
 from treespec import audit
-from treespec.numerics import BIT_EXACT, WORDS, Verdict
+from treespec.evidence.numerics import BIT_EXACT, WORDS, Verdict
 from treespec.errors import UsageError
 
 pytestmark = pytest.mark.exactness

@@ -1,4 +1,4 @@
-"""treespec.auto's choice logic on synthetic cost curves and acceptance.
+"""treespec.auto.choose's choice logic on synthetic cost curves and acceptance.
 
 No model, no timing: the measurements ``choose`` would take are made up, and
 what is checked is the arithmetic (expected emitted tokens from per-round
@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from suites.helpers_numerics import EXACT_REGIMES
-from treespec.auto import choose
-from treespec.auto_calibrate import CALIBRATION_PROMPTS
-from treespec.blas import regime
+from treespec.auto.choose import choose
+from treespec.auto.calibrate import CALIBRATION_PROMPTS
+from treespec.backend.blas import regime
 from treespec.checkpoints import load_default_pair
-from treespec.decode import decode
-from treespec.auto_model import (
+from treespec.decoding import decode
+from treespec.auto.predict import (
     Candidate,
     per_depth,
     decode_kwargs,
@@ -310,7 +310,7 @@ def test_choose_on_the_trained_pair_returns_a_decodable_choice_with_its_reasons(
 @pytest.mark.slow
 def test_a_spine_auto_never_ran_is_predicted_to_emit_what_decoding_it_emits():
     """auto prices spines from its calibration's texts replayed
-    (treespec.emission), not from runs of their own: each one's predicted
+    (treespec.auto.emission), not from runs of their own: each one's predicted
     tokens per round is what decoding that spine on the calibration prompts
     emits per round, counted from the decodes' own statistics. Exact regimes
     only (there the replay equals the round loop, suites/e2e/test_emission)."""

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from treespec import bench as B
-from treespec import cli, zoo
-from treespec import bench_cli
-from treespec import bench_report as R
+from treespec.bench import measure as B
+from treespec.cli import main as cli
+from treespec import zoo
+from treespec.bench import command as bench_cli
+from treespec.bench import report as R
 from treespec.checkpoints import default_pair, load_default_pair
-from treespec.cli import build_parser, command
-from treespec.gate import Decision, ShapeResult
+from treespec.cli.main import build_parser, command
+from treespec.evidence.gate import Decision, ShapeResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -245,7 +246,7 @@ def test_round_statistics_and_speedups_are_aggregated_over_prompts(staged):
 
 
 def allowing_decide(model, shapes, allow_inexact=False):
-    """staged_decide, honouring --allow-inexact as treespec.gate.decide does."""
+    """staged_decide, honouring --allow-inexact as treespec.evidence.gate.decide does."""
     if shapes == [("inexact",)]:
         return Decision(allow_inexact, False, "1 of 1 shapes differ (staged)")
     return Decision(True, True, "probe passed (staged)")

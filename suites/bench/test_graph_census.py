@@ -1,11 +1,11 @@
-"""treespec.graph_census: the primitive counts the measurement scripts and the
+"""treespec.bench.graph_census: the primitive counts the measurement scripts and the
 op-pinning tests read, against graphs whose ops are known by construction."""
 
 from collections import Counter
 
 import mlx.core as mx
 
-from treespec.graph_census import difference, primitives
+from treespec.bench.graph_census import difference, primitives
 
 
 def test_a_lazy_graph_counts_each_of_its_ops_and_its_evaluated_inputs_count_nothing():

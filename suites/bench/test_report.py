@@ -1,10 +1,10 @@
-"""treespec bench's report (treespec.bench_report) from rows given by hand:
+"""treespec bench's report (treespec.bench.report) from rows given by hand:
 the table's layout, auto's calibration warning, treespec's chain against
 mlx-lm's. The report of a staged run: test_bench.py."""
 
 import pytest
 
-from treespec import bench_report as R
+from treespec.bench import report as R
 
 
 def test_rows_whose_names_share_a_long_start_stay_told_apart():

@@ -1,12 +1,12 @@
-"""treespec.scaled: the random ~1B pair of the throughput study. Its drafter
+"""treespec.bench.scaled: the random ~1B pair of the throughput study. Its drafter
 must be exactly the target's first layers (the claim that makes its
 acceptance a drafter's), and alpha must touch only the layers it lacks."""
 
 import mlx.core as mx
 import pytest
 
-from treespec import scaled
-from treespec.costcurve import build_llama
+from treespec.bench import scaled
+from treespec.auto.costcurve import build_llama
 
 
 def test_the_drafter_is_the_targets_first_layers():

@@ -1,1 +1,1 @@
-"""Which CPU BLAS MLX multiplies with (treespec.blas), choosing it, and the verify cost curve."""
+"""Which CPU BLAS MLX multiplies with (treespec.backend.blas), choosing it, and the verify cost curve."""

@@ -1,4 +1,4 @@
-"""treespec.blas: detection of the BLAS MLX really calls, and switching it by re-exec.
+"""treespec.backend.blas: detection of the BLAS MLX really calls, and switching it by re-exec.
 
 Detection is checked in fresh subprocesses: LD_PRELOAD only acts at process start, and this
 pytest process may itself run under either BLAS.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from suites.helpers_subprocess import project_env
-from treespec import blas
+from treespec.backend import blas
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX_CPU_WHEEL = sys.platform.startswith("linux")

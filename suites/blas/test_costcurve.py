@@ -1,4 +1,4 @@
-"""treespec.costcurve: the verify cost curve and the T-forward-vs-T-steps measurement."""
+"""treespec.auto.costcurve: the verify cost curve and the T-forward-vs-T-steps measurement."""
 
 import os
 import subprocess
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from suites.helpers_subprocess import project_env
-from treespec import blas
-from treespec.costcurve import build_llama, stepwise_exactness, verify_cost_curve
+from treespec.backend import blas
+from treespec.auto.costcurve import build_llama, stepwise_exactness, verify_cost_curve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def test_reference_blas_forward_over_T_equals_T_single_steps():
     # forward is bit-identical to T single-token steps (float32, 4-bit). Run where the reference
     # BLAS is guaranteed, whatever this pytest process was started with.
     code = (
-        "from treespec import blas; from treespec.costcurve import build_llama, stepwise_exactness\n"
+        "from treespec import blas; from treespec.auto.costcurve import build_llama, stepwise_exactness\n"
         "assert blas.ensure_blas('reference').name == 'reference'\n"
         "for bits in (None, 4):\n"
         "    rows = stepwise_exactness(build_llama(64, 2, vocab=256, bits=bits), T_max=8, context=8)\n"
@@ -68,7 +68,7 @@ def test_reference_blas_forward_over_T_equals_T_single_steps():
 def test_both_blas_cli_prints_one_table_naming_each_blas():
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas.REEXEC_ENV)}
     proc = subprocess.run(
-        [sys.executable, "-m", "treespec.costcurve", "--dims", "64x2", "--Ts", "1,2",
+        [sys.executable, "-m", "treespec.auto.costcurve", "--dims", "64x2", "--Ts", "1,2",
          "--repeats", "1", "--context", "8", "--exactness", "4", "--both-blas"],
         cwd=ROOT, env=env, capture_output=True, text=True,
     )

@@ -1,5 +1,5 @@
 """On MLX CUDA, cuDNN attention rebuilds a graph for every new kv length
-(treespec/cuda_env.py): the command line turns it off unless told otherwise
+(treespec/backend/cuda.py): the command line turns it off unless told otherwise
 and says so; the library warns. The CUDA backend is stood in for by the
 ``cuda`` argument or a patched ``cuda_backend``: this machine has none."""
 
@@ -9,11 +9,18 @@ import warnings
 
 import pytest
 
-from treespec import cuda_env, zoo
-from treespec.cli import main
-from treespec.cuda_env import (CUDNN_SDPA, CudnnAttentionWarning, cudnn_attention_on, describe,
-                               prefer_mlx_attention, warn_if_cudnn_attention)
-from treespec.decode import decode
+from treespec.backend import cuda as cuda_env
+from treespec import zoo
+from treespec.cli.main import main
+from treespec.backend.cuda import (
+    CUDNN_SDPA,
+    CudnnAttentionWarning,
+    cudnn_attention_on,
+    describe,
+    prefer_mlx_attention,
+    warn_if_cudnn_attention,
+)
+from treespec.decoding import decode
 
 
 def test_on_cuda_the_command_line_turns_cudnn_attention_off_when_unset():

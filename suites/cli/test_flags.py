@@ -12,8 +12,8 @@ import pytest
 
 from treespec import zoo
 from treespec.checkpoints import default_pair
-from treespec.cli import COMMANDS, build_parser, command, main
-from treespec.decode import decode
+from treespec.cli.main import COMMANDS, build_parser, command, main
+from treespec.decoding import decode
 from treespec.draft import FixedTreeDrafter
 from treespec.errors import OptionError
 from treespec.options import MAX_DRAFT_NODES
@@ -224,13 +224,13 @@ def test_the_dispatch_table_names_each_commands_function():
 
 LIGHT = """
 import sys
-from treespec.cli import main
+from treespec.cli.main import main
 for argv in ({argvs}):
     try:
         main(argv)
     except SystemExit:
         pass
-heavy = sorted(m for m in ("mlx_lm", "transformers", "treespec.generate_cli", "treespec.decode")
+heavy = sorted(m for m in ("mlx_lm", "transformers", "treespec.cli.generate", "treespec.decoding")
                if m in sys.modules)
 print("HEAVY", heavy)
 """

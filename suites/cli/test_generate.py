@@ -21,8 +21,8 @@ from suites.helpers_numerics import model_label
 from suites.verdict import E2E, expect
 from treespec import caches, zoo
 from treespec.checkpoints import default_pair
-from treespec.cli import main
-from treespec.decode import decode, detokenize
+from treespec.cli.main import main
+from treespec.decoding import decode, detokenize
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The exactness probe's verdict on disk (treespec.gate_memo): a second run
+"""The exactness probe's verdict on disk (treespec.evidence.gate_memo): a second run
 reads it instead of probing, a file that is not exactly this probe's is
 ignored with a note and never trusted, and the probe's cost is reported
 when it is paid."""
@@ -10,9 +10,10 @@ import re
 import pytest
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from treespec import gate, gate_memo, zoo
-from treespec.cli import main
-from treespec.kv import ProbeCache
+from treespec.evidence import gate, gate_memo
+from treespec import zoo
+from treespec.cli.main import main
+from treespec.kv_options import ProbeCache
 
 SHAPES = [(-1,), (-1, 0), (-1, 0, 0)]
 

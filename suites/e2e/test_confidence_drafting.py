@@ -10,8 +10,8 @@ import pytest
 from suites.e2e.helpers import deepest_path
 from suites.helpers_numerics import EXACT_REGIMES
 from suites.verify import helpers
-from treespec.bench_prompts import PROMPTS
-from treespec.blas import regime
+from treespec.bench.prompts import PROMPTS
+from treespec.backend.blas import regime
 from treespec.checkpoints import load_default_pair
 from treespec.draft import ConfidenceDrafter, confidence
 from treespec.draft.confidence import best_first, build_tree

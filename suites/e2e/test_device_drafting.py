@@ -22,9 +22,10 @@ from suites.helpers_numerics import check
 from suites.helpers_strategies import parent_lists
 from suites.verdict import DRAFTING
 from suites.verify import helpers
-from treespec import caches, numerics
+from treespec import caches
+from treespec.evidence import numerics
 from treespec.draft import DeviceRound, FixedTreeDrafter, top_children, top_ids
-from treespec.decode import decode
+from treespec.decoding import decode
 from treespec.draft.base import ARGMAX_PASSES
 from treespec.errors import OptionError
 from treespec.options import DecodeOptions, wide_depth

@@ -1,4 +1,4 @@
-"""treespec.emission: a shape's greedy rounds replayed from the draft model's
+"""treespec.auto.emission: a shape's greedy rounds replayed from the draft model's
 ranks of the target's text, against the round loop itself (the trained pair,
 round by round) and against a plain forward per prefix."""
 
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from suites.helpers_numerics import EXACT_REGIMES
-from treespec.bench_prompts import PROMPTS
-from treespec.blas import regime
+from treespec.bench.prompts import PROMPTS
+from treespec.backend.blas import regime
 from treespec.checkpoints import load_default_pair
-from treespec.decode import decode
+from treespec.decoding import decode
 from treespec.draft import FixedTreeDrafter
-from treespec.emission import draft_ranks, rounds
+from treespec.auto.emission import draft_ranks, rounds
 
 pytestmark = pytest.mark.exactness
 

@@ -1,4 +1,4 @@
-"""mlx-lm's KV cache options in speculative decoding (treespec.kv): with
+"""mlx-lm's KV cache options in speculative decoding (treespec.kv_options): with
 ``max_kv_size`` or ``kv_bits`` (from any ``quantized_kv_start``), chain and
 tree decoding emit exactly the tokens of mlx-lm's ``generate_step`` given
 the same options, for both models' caches; where the options cannot act or
@@ -9,8 +9,8 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from treespec import zoo
-from treespec.blas import detect
-from treespec.decode import decode
+from treespec.backend.blas import detect
+from treespec.decoding import decode
 from treespec.errors import OptionError
 
 PROMPT = list(range(5, 25))

@@ -13,9 +13,9 @@ from mlx_lm.models.cache import make_prompt_cache
 from suites.e2e.helpers import deepest_path
 from suites.helpers_numerics import EXACT_REGIMES
 from suites.verify import helpers
-from treespec.blas import regime
+from treespec.backend.blas import regime
 from treespec import caches, zoo
-from treespec.decode import decode
+from treespec.decoding import decode
 from treespec.draft import ChainDrafter, ConfidenceDrafter, FixedTreeDrafter
 from treespec.rows import Tail
 

@@ -18,9 +18,10 @@ import pytest
 from suites.helpers_gate import gate_verdict
 from suites.helpers_numerics import EXACT_REGIMES
 from suites.verdict import E2E, expect
-from treespec import numerics, zoo
-from treespec.blas import regime
-from treespec.decode import decode, detokenize
+from treespec.evidence import numerics
+from treespec import zoo
+from treespec.backend.blas import regime
+from treespec.decoding import decode, detokenize
 
 pytestmark = pytest.mark.exactness
 

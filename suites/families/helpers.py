@@ -63,7 +63,7 @@ import numpy as np
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from suites.families.helpers_models import maxdiff, build, forward, latent
-from treespec import numerics
+from treespec.evidence import numerics
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.caches import leaves
 from treespec.errors import RollbackRefused, TreeRefused
@@ -260,11 +260,11 @@ def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
     """The family's verify rows from both histories against the sweep's own
     references (classic decoding over each node's root path), both as
     :func:`run` computed them, judged by
-    suites/verify's rule against this backend's envelope (treespec.numerics),
+    suites/verify's rule against this backend's envelope (treespec.evidence.numerics),
     the worse of the two histories. For a backend that is not bit-exact,
     where comparing bit for bit says nothing.
 
-    The negative controls are numerics' (treespec.numerics.control_rows:
+    The negative controls are numerics' (treespec.evidence.numerics.control_rows:
     flattened positions, a causal mask, a leaked sibling, the tree through
     the unmodified recurrence; those this model can express)."""
     model, verdicts = outcome.model, []

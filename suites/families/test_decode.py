@@ -8,7 +8,7 @@ partial paths and roll the rest back."""
 import pytest
 
 from suites.families import helpers_models as M
-from treespec.decode import decode
+from treespec.decoding import decode
 
 pytestmark = pytest.mark.exactness
 

@@ -23,8 +23,8 @@ from suites.families import helpers as H
 from suites.families import helpers_models as M
 from suites.helpers_numerics import EXACT_REGIMES
 from suites.verdict import expect
-from treespec import numerics
-from treespec.blas import regime
+from treespec.evidence import numerics
+from treespec.backend.blas import regime
 from suites.families.helpers_configs import config
 from suites.hybrid.helpers import Flattened
 from treespec.verify import TreeAdapter, adapter_for, tree_injected

@@ -15,7 +15,7 @@ from treespec.models import prefill
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify.footprint import MAX_BYTES_ENV, footprint_breakdown
-from treespec.verify.recurrence import TreeRecurrence
+from treespec.verify.tree_recurrence import TreeRecurrence
 
 pytestmark = pytest.mark.exactness
 

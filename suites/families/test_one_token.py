@@ -6,7 +6,7 @@ history the tree's nodes at depth 2 and 3 take another scale than its root.
 Each node's row must be the whole model's one-token step after its root path
 (classic decoding): bit for bit where the backend is exact, elsewhere within
 the backend's measured envelope with the negative controls separating
-(treespec.numerics.judge, suites/verify's rule), else inconclusive with the
+(treespec.evidence.numerics.judge, suites/verify's rule), else inconclusive with the
 figures."""
 
 import copy
@@ -20,8 +20,8 @@ from suites.families import helpers as H
 from suites.families import helpers_models as M
 from suites.helpers_numerics import EXACT_REGIMES
 from suites.verdict import expect
-from treespec import numerics
-from treespec.blas import regime
+from treespec.evidence import numerics
+from treespec.backend.blas import regime
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 

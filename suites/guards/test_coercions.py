@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from suites.guards import helpers
-from treespec.decode import decode
+from treespec.decoding import decode
 from treespec.draft import ChainDrafter, ConfidenceDrafter, FixedTreeDrafter
 from treespec.errors import TreeError
 from treespec.models import prefilled

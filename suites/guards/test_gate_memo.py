@@ -16,7 +16,7 @@ from suites.helpers_gate import gate_verdict
 from suites.helpers_numerics import model_label
 from suites.verdict import GATE, expect
 from treespec import zoo
-from treespec.gate import configuration, decide
+from treespec.evidence.gate import configuration, decide
 
 pytestmark = pytest.mark.exactness
 

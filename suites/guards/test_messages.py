@@ -13,7 +13,7 @@ import pytest
 from treespec import zoo
 from treespec.checkpoints import load_checkpoint
 from treespec.errors import UsageError
-from treespec.gate import decide, probe
+from treespec.evidence.gate import decide, probe
 
 pytestmark = pytest.mark.exactness
 

@@ -17,8 +17,9 @@ from suites.guards.helpers import counted
 from suites.helpers_gate import gate_verdict
 from suites.helpers_numerics import model_label
 from suites.verdict import GATE, expect
-from treespec import gate, zoo
-from treespec.decode import decode
+from treespec.evidence import gate
+from treespec import zoo
+from treespec.decoding import decode
 from treespec.draft import FixedTreeDrafter
 from treespec.tree import DraftTree
 

@@ -13,7 +13,7 @@ from treespec.models import prefilled
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify.footprint import footprint_breakdown
-from treespec.verify.recurrence import TreeRecurrence
+from treespec.verify.tree_recurrence import TreeRecurrence
 
 pytestmark = pytest.mark.exactness
 

@@ -20,7 +20,7 @@ from suites.guards import helpers
 from suites.guards.helpers import VOCAB
 from treespec import rounds
 from treespec.audit.states import fingerprint
-from treespec.decode import decode
+from treespec.decoding import decode
 from treespec.draft import ChainDrafter
 from treespec.errors import TreeError
 from treespec.models import prefilled, vocab_size
@@ -101,7 +101,7 @@ def test_a_draft_tree_refuses_token_ids_that_do_not_fit_int32():
 CHILD = textwrap.dedent("""
     import mlx.core as mx
     from suites.guards import helpers
-    from treespec.decode import decode
+    from treespec.decoding import decode
     from treespec.models import prefilled
     from treespec.tree import DraftTree
     from treespec.verify import adapter_for

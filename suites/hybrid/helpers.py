@@ -9,11 +9,12 @@ from mlx_lm.models import bailing_moe_v3, kimi_k3, kimi_linear, olmo_hybrid
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from suites.helpers_numerics import require_sound
-from treespec import numerics, zoo
+from treespec.evidence import numerics
+from treespec import zoo
 from treespec.tree import DraftTree  # noqa: F401  (re-exported for the tests)
 from treespec.verify import adapter_for
 from treespec.mixers import discover
-from treespec.verify.recurrence import tree_mixer_forward
+from treespec.verify.tree_recurrence import tree_mixer_forward
 
 FAMILIES = ("qwen3_5", "qwen3_next")
 
@@ -201,7 +202,7 @@ def mismatched(a, b):
 
 
 # -- the mixer's numerics envelope ---------------------------------------------
-# treespec.numerics' rule one level down: how far a mixer's plain forward over
+# treespec.evidence.numerics' rule one level down: how far a mixer's plain forward over
 # M inputs, and the tree-aware recurrence over a chain of M (correct by
 # construction), are from M single-input steps, for the outputs and for the
 # state they leave, over contexts spread across the prefix's bucket. The
@@ -336,7 +337,7 @@ _LAYER_MEMO = {}
 
 def layer_envelopes(family, prefix, widths):
     """(outputs envelope, state envelope) of ``family``'s mixer (a
-    treespec.numerics.Envelope each) at ``prefix`` inputs of history."""
+    treespec.evidence.numerics.Envelope each) at ``prefix`` inputs of history."""
     key = (family, numerics.bucket(prefix))
     if key not in _LAYER_MEMO:
         _LAYER_MEMO[key] = _LayerMeasurement(family, prefix)

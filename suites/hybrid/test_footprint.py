@@ -13,7 +13,7 @@ from treespec import zoo
 from treespec.errors import TreeRefused
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for, register_recurrent
-from treespec.verify import recurrent as rec
+from treespec.verify import strategy as rec
 from treespec.verify.footprint import (
     DEFAULT_MAX_TREE_STATE_BYTES,
     MAX_BYTES_ENV,
@@ -23,7 +23,7 @@ from treespec.verify.footprint import (
     state_footprint,
 )
 from treespec.mixers import discover
-from treespec.verify.recurrence import TreeMixer, TreeRecurrence, tree_recurrence
+from treespec.verify.tree_recurrence import TreeMixer, TreeRecurrence, tree_recurrence
 
 pytestmark = pytest.mark.exactness
 

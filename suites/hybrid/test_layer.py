@@ -4,7 +4,7 @@ mixer (the model level, every other mixer: suites/families).
 Reference: the unmodified mixer run over one node's root path, as a plain
 forward, from the same cache state. Outputs and states are compared bit for
 bit where the backend is exact, within the mixer's measured envelope
-elsewhere (suites/hybrid/helpers.py: treespec.numerics' rule at the layer
+elsewhere (suites/hybrid/helpers.py: treespec.evidence.numerics' rule at the layer
 level), with the flattened tree as the negative control; what a commit keeps
 (a node's kept state) is compared bit for bit everywhere."""
 
@@ -17,11 +17,11 @@ from mlx_lm.models.cache import ArraysCache
 from suites.hybrid import helpers as H
 from suites.helpers_strategies import branching_trees, trees
 from suites.verdict import HYBRID_LAYER, ROLLBACK_ROWS, expect
-from treespec import numerics
+from treespec.evidence import numerics
 from treespec.tree import DraftTree
 from treespec.errors import TreeRefused
-from treespec.verify import recurrence
-from treespec.verify.recurrence import TreeMixer, tree_mixer_forward
+from treespec.verify import tree_recurrence as recurrence
+from treespec.verify.tree_recurrence import TreeMixer, tree_mixer_forward
 
 pytestmark = pytest.mark.exactness
 

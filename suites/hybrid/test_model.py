@@ -15,12 +15,12 @@ from suites.helpers_numerics import check, exact
 from suites.hybrid import helpers as H
 from suites.helpers_strategies import branching_trees, trees
 from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS, VERIFY
-from treespec import numerics
+from treespec.evidence import numerics
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.audit.states import clone
 from treespec.verify import adapter_for
 from treespec.verify.footprint import footprint_breakdown
-from treespec.verify.recurrence import TreeRecurrence
+from treespec.verify.tree_recurrence import TreeRecurrence
 
 pytestmark = pytest.mark.exactness
 

@@ -1,4 +1,4 @@
-"""The instrument itself (treespec.numerics): the pass rule, the separation
+"""The instrument itself (treespec.evidence.numerics): the pass rule, the separation
 rule, and that a tree path differing from the plain forward does not widen
 the bound. The planted kernels (a few-ulp multi-token matmul that widens the
 envelope and makes the gate decline; a RoPE off by one and an attention
@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 
 from suites.verify import helpers
-from treespec import numerics
+from treespec.evidence import numerics
 from treespec.tree import DraftTree
 
 pytestmark = pytest.mark.exactness

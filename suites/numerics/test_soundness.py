@@ -1,4 +1,4 @@
-"""Unsound kernels get no verdict (treespec.soundness, suites/backend.py):
+"""Unsound kernels get no verdict (treespec.backend.soundness, suites/backend.py):
 a quantized product that is not repeatable, not finite, far off its own
 dequantized product, or missing on this backend makes every comparison on
 it inconclusive and the gate decline, never a pass; on an exact regime it is
@@ -16,10 +16,12 @@ from suites import backend
 from suites.helpers_numerics import EXACT_REGIMES, require_sound
 from suites.helpers_subprocess import project_env
 from suites.verdict import unrecorded
-from treespec import numerics, soundness, zoo
-from treespec.blas import regime
-from treespec.gate import decide, shapes_for
-from treespec.kv import ProbeCache
+from treespec.evidence import numerics
+from treespec.backend import soundness
+from treespec import zoo
+from treespec.backend.blas import regime
+from treespec.evidence.gate import decide, shapes_for
+from treespec.kv_options import ProbeCache
 
 pytestmark = pytest.mark.exactness
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLANTED = '''
 import pytest
 from suites.verdict import expect, record
-from treespec import numerics
+from treespec.evidence import numerics
 
 pytestmark = pytest.mark.exactness
 E = numerics.Envelope("planted", (1, 2), (0,), 1e-6, 1e-6, 0.0, {"control": 1.0})

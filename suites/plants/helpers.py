@@ -16,9 +16,11 @@ from suites.rollback.helpers_caches import BUSH
 from suites.rollback.helpers_models import rounds_then_decode
 from suites.verify import helpers as verify_helpers
 from suites.verify.helpers import clone, root_path_verdict
-from treespec import audit, numerics, soundness, zoo
+from treespec import audit, zoo
+from treespec.evidence import numerics
+from treespec.backend import soundness
 from treespec.audit.states import CacheMode, History, replay
-from treespec.gate import decide, shapes_for
+from treespec.evidence.gate import decide, shapes_for
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
@@ -91,7 +93,7 @@ def sized_verify(head_dim: int = 64, context: int = 40, nodes: int = 40, family:
 
 def kernels(family: str = "llama") -> str:
     """suites/verify/test_tree_path's check: a chain through the tree path
-    against the plain forward (treespec.numerics.tree_path_verdict)."""
+    against the plain forward (treespec.evidence.numerics.tree_path_verdict)."""
     env = numerics.envelope(verify_helpers.model(family), 12, range(1, 10))
     return numerics.tree_path_verdict(env).word
 
@@ -108,7 +110,7 @@ def rollback(family: str = "llama", setup: str = "native") -> str:
 
 
 def gate(model, trees: Sequence[Sequence[int]] = (), block: int = 4) -> str:
-    """treespec.gate's decision over chains up to ``block`` and ``trees``."""
+    """treespec.evidence.gate's decision over chains up to ``block`` and ``trees``."""
     return RUNS if decide(model, shapes_for(block, trees), draws=1).run else DECLINED
 
 

@@ -23,8 +23,8 @@ from suites.plants import helpers as P
 from suites.planted import DECLINED, PLANTS
 from suites.verdict import EXACT_REGIMES, unrecorded
 from suites.verify import helpers as verify_helpers
-from treespec import numerics
-from treespec.blas import regime
+from treespec.evidence import numerics
+from treespec.backend.blas import regime
 
 pytestmark = pytest.mark.exactness
 

@@ -19,7 +19,7 @@ from suites.helpers_numerics import model_label
 from suites.plants import helpers as P
 from suites.verdict import KERNELS, expect
 from suites.verify.helpers import assert_rows_are_root_path_forwards, clone
-from treespec import numerics
+from treespec.evidence import numerics
 from treespec.audit.states import replay
 from treespec.verify import adapter_for
 
@@ -67,7 +67,7 @@ def test_every_node_matches_its_root_path_past_a_realistic_sliding_window(window
 # the 16- and 32-row tiles. The soundness probe runs at the widths the row
 # multiplies with (its tree's and its prompt's), not at soundness.ROWS (whose
 # 33 rows would compile the 64-row tile for this row alone); the envelope
-# probes each of its samples' prefill widths itself (treespec.numerics).
+# probes each of its samples' prefill widths itself (treespec.evidence.numerics).
 # Measured on the H200 (2516a17), before the envelope did: groups of 128 at
 # 2, 3 and 6 bits passed the probe and then raised MLX's "cuGraphAddKernelNode
 # ... invalid argument" in a sample's 9-token prefill.

@@ -77,10 +77,12 @@ def _targets(mod: Module, node, known: Dict[str, Module]) -> List[Tuple[str, Opt
 
 
 def _dispatch_table(mod: Module) -> Dict[str, str]:
-    """A module-level ``COMMANDS = {"name": "pkg.module:function", ...}``."""
+    """A module-level ``COMMANDS`` or ``EXPORTS`` table, ``{"name": "pkg.module:attr", ...}``:
+    names resolved by importing the module at run time (the command line's
+    subcommands, the package's lazy exports)."""
     for node in mod.tree.body:
         if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "COMMANDS"
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id in ("COMMANDS", "EXPORTS")
                 and isinstance(node.value, ast.Dict)):
             return {k.value: v.value for k, v in zip(node.value.keys, node.value.values)
                     if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}

@@ -2,7 +2,7 @@
 the exactness suite on the reference BLAS, then again with OpenBLAS
 preloaded; on the H200 it runs on CUDA): the gate's decision is its own
 probe's measurement, and the probe sees what the backend's measured envelope
-(treespec.numerics) sees. Where the backend is exact, speculation runs and
+(treespec.evidence.numerics) sees. Where the backend is exact, speculation runs and
 matches classic decoding; where a shape's forward differs from single steps,
 speculation declines to classic decoding, says why, and runs only when
 forced, with a warning on every report."""
@@ -11,10 +11,11 @@ import pytest
 
 from suites.helpers_numerics import model_label, require_sound
 from suites.verdict import GATE, expect
-from treespec import numerics, zoo
-from treespec.generate_cli import format_diagnostics
-from treespec.decode import decode
-from treespec.gate import CONTEXT, probe, shapes_for
+from treespec.evidence import numerics
+from treespec import zoo
+from treespec.cli.generate import format_diagnostics
+from treespec.decoding import decode
+from treespec.evidence.gate import CONTEXT, probe, shapes_for
 
 pytestmark = pytest.mark.exactness
 

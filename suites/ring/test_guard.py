@@ -1,4 +1,4 @@
-"""The guard the ring layout needs (treespec.attention_check): it holds only
+"""The guard the ring layout needs (treespec.backend.attention_check): it holds only
 where a masked row of a multi-query attention is, bit for bit, a one-query
 attention over that row's visible keys. The check must see a change of
 summation order in every dtype (its control), and a backend whose one-query
@@ -9,9 +9,11 @@ model-level probe rarely sees the difference."""
 import mlx.core as mx
 import pytest
 
-from treespec import attention_check, gate, zoo
-from treespec.attention_check import interleaved_rows_match
-from treespec.gate import RING_DRAWS, decide, shapes_for
+from treespec.backend import attention_check
+from treespec.evidence import gate
+from treespec import zoo
+from treespec.backend.attention_check import interleaved_rows_match
+from treespec.evidence.gate import RING_DRAWS, decide, shapes_for
 
 pytestmark = pytest.mark.exactness
 

@@ -20,8 +20,9 @@ from mlx_lm.generate import generate_step
 
 from suites.helpers_gate import gate_verdict
 from suites.verdict import E2E, expect
-from treespec import numerics, zoo
-from treespec.decode import decode
+from treespec.evidence import numerics
+from treespec import zoo
+from treespec.decoding import decode
 
 pytestmark = pytest.mark.exactness
 
@@ -49,7 +50,7 @@ class _Left(Exception):
 
 
 def stop_at_first_difference(want, emitted: list):
-    """An ``on_round`` for :func:`treespec.decode.decode` that collects the
+    """An ``on_round`` for :func:`treespec.decoding.decode` that collects the
     tokens each round emits into ``emitted`` and ends the run (raising
     ``_Left``) once they leave ``want``."""
     def on_round(_round, walk):

@@ -17,7 +17,8 @@ from mlx_lm.models.cache import RotatingKVCache
 
 from suites.helpers_numerics import check
 from suites.verdict import ROLLBACK_DECODE, VERIFY
-from treespec import caches, numerics, zoo
+from treespec import caches, zoo
+from treespec.evidence import numerics
 from treespec.models import prefilled
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for

@@ -19,14 +19,20 @@ from mlx_lm.models.cache import (
 from suites.helpers_numerics import check, exact, model_label
 from suites.rollback.helpers_caches import assert_same, observe
 from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS, VERIFY
-from treespec import numerics, zoo
+from treespec.evidence import numerics
+from treespec import zoo
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.audit.states import clone
-from treespec.rollback import (capture_recurrent_inputs, capture_written, commit_path, single_updates,
-                               snapshot)
+from treespec.rollback import (
+    capture_recurrent_inputs,
+    capture_written,
+    commit_path,
+    single_updates,
+    snapshot,
+)
 from treespec.verify import adapter_for
 
-from treespec.verify.recurrence import TreeRecurrence
+from treespec.verify.tree_recurrence import TreeRecurrence
 
 RECURRENT = ("qwen3_5", "qwen3_next")
 

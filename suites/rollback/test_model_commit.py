@@ -34,10 +34,11 @@ from suites.rollback.helpers_models import (
     tiny,
 )
 from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS
-from treespec import numerics, zoo
+from treespec.evidence import numerics
+from treespec import zoo
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.audit.states import clone
-from treespec.graph_census import primitives
+from treespec.bench.graph_census import primitives
 from treespec.rollback import capture_recurrent_inputs, commit_path, snapshot
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for

@@ -18,7 +18,7 @@ import pytest
 from suites.sampling import helpers_models as models
 from suites.sampling.helpers_stats import gof
 from suites.sampling.helpers import ALPHA
-from treespec.decode import decode
+from treespec.decoding import decode
 from treespec.draft import ChainDrafter
 from treespec.sampling import (
     SampledChainDrafter,

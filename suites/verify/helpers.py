@@ -13,8 +13,16 @@ import pytest
 
 from suites.helpers_numerics import model_label, require_sound
 from suites.verdict import VERIFY, expect
-from treespec import caches, numerics, zoo
-from treespec.audit.states import CacheMode, History as Replayed, classic, clone, fingerprint, keys_rotated
+from treespec import caches, zoo
+from treespec.evidence import numerics
+from treespec.audit.states import (
+    CacheMode,
+    History as Replayed,
+    classic,
+    clone,
+    fingerprint,
+    keys_rotated,
+)
 from treespec.audit.states import plain as plain_rows
 from treespec.audit.states import replay
 from treespec.errors import TreeRefused
@@ -155,7 +163,7 @@ def root_path_verdict(model, before, tree, logits, kv=None) -> numerics.Verdict:
     own copy of ``before`` (an untouched copy of the cache state the tree was
     verified from): bit-exact,
     within this backend's envelope (the tree's own negative controls
-    separating), inconclusive, or FAIL (treespec.numerics). ``kv``:
+    separating), inconclusive, or FAIL (treespec.evidence.numerics). ``kv``:
     (bits, group) of a quantized KV cache mode."""
     refs = mx.stack([classic(model, clone(before), [tree.tokens[j] for j in tree.path_to(i)])[-1]
                      for i in range(len(tree))])

@@ -19,7 +19,7 @@ from suites.verify import helpers
 from suites.verify.helpers import (HYBRID, assert_refused_untouched,
                                    assert_rows_are_root_path_forwards, clone)
 from treespec import zoo
-from treespec.decode import decode
+from treespec.decoding import decode
 from treespec.tree import DraftTree
 from treespec.verify import ChainOnly, TreeRefused, adapter_for
 

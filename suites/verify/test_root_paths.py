@@ -3,7 +3,7 @@ forward over that node's root path from the same cache state: bit for bit
 where the backend is exact (the CPU reference BLAS), within its measured
 envelope elsewhere, with the tree's own negative controls (flattened
 positions, causal mask, a leaked sibling) landing far outside
-(treespec.numerics; suites/helpers_numerics.py).
+(treespec.evidence.numerics; suites/helpers_numerics.py).
 
 On a sliding-window ring (RotatingKVCache) the reference is classic
 decoding's one-token steps over the root path (suites/verify/helpers.py,

@@ -9,11 +9,12 @@ from suites.helpers_numerics import check, exact
 from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS
 from suites.verify import helpers
 from suites.verify.helpers import HYBRID, History, classic, clone, plain_rows, assert_rows_are_root_path_forwards, assert_refused_untouched
-from treespec import caches, numerics, zoo
+from treespec import caches, zoo
+from treespec.evidence import numerics
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
-from treespec.verify.recurrence import TreeRecurrence
+from treespec.verify.tree_recurrence import TreeRecurrence
 
 pytestmark = pytest.mark.exactness
 
@@ -106,7 +107,7 @@ def test_feeding_a_tree_in_parts_is_refused_on_a_rotating_window():
 @pytest.mark.parametrize("family", HYBRID)
 def test_a_registered_tree_recurrence_lifts_the_branching_refusal(family):
     """The hook: a strategy that can carry a tree through the recurrence
-    (treespec.verify.recurrence) replaces ChainOnly for one adapter."""
+    (treespec.verify.tree_recurrence) replaces ChainOnly for one adapter."""
 
     model = helpers.model(family)
     adapter = adapter_for(model, recurrent=TreeRecurrence())

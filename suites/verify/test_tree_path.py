@@ -3,7 +3,7 @@ per-node RoPE positions, the tree-aware recurrence) is correct by
 construction, so its logits against the plain forward of the same tokens
 measure only the kernels. Bit for bit where the backend's plain envelope is 0;
 elsewhere within that envelope's bound, or the tree path is not admitted
-into the envelope and this FAILs (treespec.numerics.tree_path_verdict)."""
+into the envelope and this FAILs (treespec.evidence.numerics.tree_path_verdict)."""
 
 import pytest
 
@@ -11,7 +11,7 @@ from suites.helpers_numerics import model_label
 from suites.verdict import KERNELS, expect
 from suites.verify import helpers
 from suites.verify.helpers import CONFIGS, KV_GROUP, KV_QUANT, config_id
-from treespec import numerics
+from treespec.evidence import numerics
 
 pytestmark = pytest.mark.exactness
 

@@ -13,7 +13,8 @@ from mlx_lm.models.cache import RotatingKVCache
 
 from suites.verify import helpers
 from suites.verify.helpers import HYBRID, clone, root_path_verdict
-from treespec import numerics, zoo
+from treespec.evidence import numerics
+from treespec import zoo
 from treespec.caches import rotating_kept
 from treespec.verify.attention import injected, tree_injected, tree_mask
 

@@ -13,8 +13,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from suites.zoo.helpers import REQUIRED, prefill_then_step, random_tokens
-from treespec import numerics, zoo
-from treespec.blas import regime
+from treespec.evidence import numerics
+from treespec import zoo
+from treespec.backend.blas import regime
 
 pytestmark = pytest.mark.exactness
 
@@ -157,7 +158,7 @@ def test_logits_are_varied_not_degenerate(family):
 
 @pytest.mark.parametrize("family", REQUIRED)
 def test_the_envelope_sees_what_a_multi_token_forward_does(family):
-    """The backend fact the numeric contracts are judged by (treespec.numerics),
+    """The backend fact the numeric contracts are judged by (treespec.evidence.numerics),
     checked directly for each zoo family inside the smallest sliding window
     (8): five tokens in one forward against five single steps. On the CPU's
     reference BLAS they are identical and the measured envelope is 0; on any

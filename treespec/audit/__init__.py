@@ -15,7 +15,7 @@ root path from a copy of the identically prefilled cache (contract 6), a
 cache that was only ever fed the accepted path (contract 7), mlx-lm's chain
 accept loop (contract 2) and ``mlx_lm.generate`` (contract 9). Numeric
 comparisons are judged against the model's envelope measured in the same
-run (treespec.numerics): bit for bit where the backend is exact, within the
+run (treespec.evidence.numerics): bit for bit where the backend is exact, within the
 envelope elsewhere with the negative controls separating, inconclusive where
 they do not; data movement (what a commit keeps) is bit for bit everywhere.
 ``--allow-inexact`` accepts what is beyond that within ``--tolerance``

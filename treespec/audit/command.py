@@ -1,9 +1,9 @@
-"""``treespec audit``'s command (its flags are treespec.cli's)."""
+"""``treespec audit``'s command (its flags are treespec.cli.main's)."""
 
 import json
 
 from ..errors import UsageError
-from ..process import prepare
+from ..cli.process import prepare
 from .records import Options
 from .runner import PROPERTIES, format_report, run
 from .subject import subject

@@ -10,8 +10,8 @@ from typing import Dict, List
 
 import mlx_lm
 
-from .. import numerics
-from ..decode import decode, detokenize
+from ..evidence import numerics
+from ..decoding import decode, detokenize
 from ..errors import TreeRefused
 from .records import FAIL, INEXACT, PASS, SKIP, Check
 from .subject import Subject, draft_adapter, the_adapter, the_walk, window

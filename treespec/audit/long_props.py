@@ -7,13 +7,13 @@ EAGLE-sized trees, past the 32 rows where matmuls switch GEMM paths).
 
 Two rows: ``long-context[tree-verify]`` (every node against a plain forward
 over its root path, judged like tree-verify) and ``long-context[probe]``
-(treespec.gate's probe of those shapes at that context, one draw: identical,
+(treespec.evidence.gate's probe of those shapes at that context, one draw: identical,
 or within the envelope, the gate then declining, or FAIL)."""
 
 import random
 from typing import List
 
-from .. import numerics
+from ..evidence import numerics
 from ..tree import DraftTree
 from .probe_props import _probe, probe_shapes
 from .records import FAIL, INEXACT, PASS, SKIP, Check
@@ -70,7 +70,7 @@ def _probe_row(s: Subject, shapes, n: int) -> Check:
     env = numerics.envelope(s.model, n, widths, adapter=the_adapter(s), adapter_name=s.adapter_source)
     if not env.exact and probe.max_abs_diff <= env.bound:
         return Check("long-context[probe]", PASS, f"{detail}: within the backend's envelope "
-                     f"(bound {env.bound:.3g}), so treespec.gate declines speculative decoding "
+                     f"(bound {env.bound:.3g}), so treespec.evidence.gate declines speculative decoding "
                      f"here unless --allow-inexact{note}", first, probe.max_abs_diff,
                      verdict=numerics.DECLINED)
     detail += f"; beyond the envelope's bound {env.bound:.3g} ({env.line()})"

@@ -1,7 +1,7 @@
 """Audit properties of the backend's numerics: the envelope itself
-(treespec.numerics: how far multi-token forwards, plain and through the
+(treespec.evidence.numerics: how far multi-token forwards, plain and through the
 adapter's tree path, are from single-token steps, and whether the negative
-controls separate from it), and the exactness probe (treespec.gate): each
+controls separate from it), and the exactness probe (treespec.evidence.gate): each
 node of a tree verify against single-token steps over its root path, over
 the e2e drafters' shapes, with the adapter under audit. A probe that
 differs within the envelope makes the gate decline (correct: "declined by
@@ -11,10 +11,10 @@ import hashlib
 import json
 from typing import List, Optional
 
-from .. import numerics
+from ..evidence import numerics
 from ..draft import make_drafter
 from ..errors import TreeRefused
-from ..gate import CONTEXT, Probe, compare_shape, configuration
+from ..evidence.gate import CONTEXT, Probe, compare_shape, configuration
 from .e2e_props import e2e_modes
 from .records import FAIL, INCONCLUSIVE, INEXACT, PASS, Check
 from .subject import Subject, the_adapter
@@ -31,7 +31,7 @@ def probe_shapes(block: int) -> List[tuple]:
 
 
 def _probe(s: Subject, shapes, context: Optional[int] = None, draws: Optional[int] = None):
-    """treespec.gate's measurement of ``shapes`` with the adapter under audit
+    """treespec.evidence.gate's measurement of ``shapes`` with the adapter under audit
     (compare_shape, not the memoized gate.probe: its key does not name the
     adapter). Returns (Probe, refused shapes)."""
     context = CONTEXT if context is None else context
@@ -52,7 +52,7 @@ def _probe(s: Subject, shapes, context: Optional[int] = None, draws: Optional[in
 
 
 def check_probe(s: Subject) -> List[Check]:
-    """treespec.gate's exactness probe (each node of a tree verify vs
+    """treespec.evidence.gate's exactness probe (each node of a tree verify vs
     single-token steps over its root path, the way classic decoding computes
     it) over the e2e drafters' shapes, with the adapter under audit. On a
     sliding window the probe's context wraps the ring: the verify lays the
@@ -79,7 +79,7 @@ def check_probe(s: Subject) -> List[Check]:
     if not env.exact and probe.max_abs_diff <= env.bound:
         return [Check("probe", PASS, (
             f"{detail}: within the backend's envelope (bound {env.bound:.3g}; {env.line()}), "
-            f"so treespec.gate declines speculative decoding here unless --allow-inexact"
+            f"so treespec.evidence.gate declines speculative decoding here unless --allow-inexact"
             f"{note}"), first, probe.max_abs_diff, verdict=declined)]
     detail += f"; beyond the envelope's bound {env.bound:.3g} ({env.line()})"
     return [Check("probe", INEXACT if s.options.allow_inexact else FAIL, detail + note, first,
@@ -94,7 +94,7 @@ def _envelope(s: Subject, shapes, context: int = CONTEXT):
 
 def check_envelope(s: Subject) -> List[Check]:
     """The backend's envelope for this model at the probe's context and the
-    drafters' widths (treespec.numerics), with the adapter's tree path: 0 on
+    drafters' widths (treespec.evidence.numerics), with the adapter's tree path: 0 on
     an exact backend; elsewhere admitted only if the tree path agrees with
     the plain forward and the negative controls land far outside it."""
     env = _envelope(s, probe_shapes(s.options.block))

@@ -3,7 +3,7 @@ mode), the options, the report, and the tally that compares logits.
 
 Each row carries a status (pass / FAIL / skip / inexact / inconclusive: what
 the exit code follows) and a verdict in the suite's words (bit-exact, within
-envelope, declined by gate, inconclusive, FAIL; treespec.numerics): numeric
+envelope, declined by gate, inconclusive, FAIL; treespec.evidence.numerics): numeric
 comparisons are judged against the audited model's envelope measured in the
 same run, so an inexact backend reads "within envelope", not "FAIL"."""
 
@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Tuple
 
 import mlx.core as mx
 
-from .. import numerics
+from ..evidence import numerics
 
 PASS, FAIL, SKIP, INEXACT = "pass", "FAIL", "skip", "inexact"
 INCONCLUSIVE = numerics.INCONCLUSIVE
@@ -64,7 +64,7 @@ class Options:
 class Report:
     header: dict
     checks: List[Check]
-    probe: Any = None  # treespec.gate.Probe
+    probe: Any = None  # treespec.evidence.gate.Probe
     seconds: float = 0.0
 
     @property
@@ -112,7 +112,7 @@ class Tally:
     def compare(self, got: mx.array, want: mx.array, where: dict, env=None,
                 controls=None) -> bool:
         """``env``: the envelope (or a callable) two forwards of different widths
-        are judged with (treespec.numerics.judge); without one, bit identity
+        are judged with (treespec.evidence.numerics.judge); without one, bit identity
         is required. ``controls``: the comparison's own negative controls."""
         self.count += 1
         if got.shape == want.shape and mx.array_equal(got, want).item():

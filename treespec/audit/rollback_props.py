@@ -16,8 +16,17 @@ from ..errors import RollbackRefused, TreeRefused
 from ..tree import DraftTree
 from .movement import mismatches, moved, recorded
 from .records import Check, Tally
-from .states import (CacheMode, base_cache, classic, clone, envelope, fingerprint, histories,
-                     plain, random_tree)
+from .states import (
+    CacheMode,
+    base_cache,
+    classic,
+    clone,
+    envelope,
+    fingerprint,
+    histories,
+    plain,
+    random_tree,
+)
 from .subject import Subject, the_adapter, vocab, window
 
 

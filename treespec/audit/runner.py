@@ -9,9 +9,9 @@ from typing import List, Optional, Sequence
 import mlx.core as mx
 import mlx_lm
 
-from .. import blas
+from ..backend import blas
 from ..errors import TreeRefused
-from ..gate import configuration
+from ..evidence.gate import configuration
 from .attribution import attributed, mlx_lm_failure
 from .e2e_props import check_e2e, drafter_note
 from .long_props import check_long_context

@@ -11,9 +11,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from .. import numerics
+from ..evidence import numerics
 from ..caches import leaves
-from ..controls import clone
+from ..evidence.controls import clone
 from ..tree import DraftTree
 from .subject import Subject, the_adapter, vocab, window
 
@@ -87,7 +87,7 @@ def histories(s: Subject) -> List[History]:
 
 
 def envelope(s: Subject, context: int, widths, mode: CacheMode = CacheMode()):
-    """The audited model's envelope (treespec.numerics) at ``context`` over
+    """The audited model's envelope (treespec.evidence.numerics) at ``context`` over
     ``widths`` in ``mode``, its tree path through the adapter under audit: a
     callable, measured when a comparison first needs it."""
     return lambda: numerics.envelope(s.model, context, widths, mode.kv_bits, mode.kv_group,

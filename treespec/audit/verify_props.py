@@ -10,12 +10,21 @@ from typing import List
 
 import mlx.core as mx
 
-from .. import numerics
+from ..evidence import numerics
 from ..errors import TreeRefused
 from ..tree import DraftTree
 from .records import FAIL, PASS, Check, Tally
-from .states import (CacheMode, base_cache, branching_trees, classic, clone, envelope,
-                     fingerprint, histories, random_tree)
+from .states import (
+    CacheMode,
+    base_cache,
+    branching_trees,
+    classic,
+    clone,
+    envelope,
+    fingerprint,
+    histories,
+    random_tree,
+)
 from .subject import Subject, the_adapter, the_walk, vocab, window
 
 

@@ -53,10 +53,17 @@ from mlx_lm.models.cache import (
 )
 
 from ..rows import Tail
-from .attention import (Appending, Chunked, Concatenate, Quantized, Rotating, rotating_kept,
-                        rotating_present)
+from .kv import (
+    Appending,
+    Chunked,
+    Concatenate,
+    Quantized,
+    Rotating,
+    rotating_kept,
+    rotating_present,
+)
 from .base import Mode, _copy_array, refuse
-from .recurrent import Arrays
+from .arrays import Arrays
 
 __all__ = ["MODES", "Entry", "Mode", "Tail", "adopt", "adopts", "attention_caches", "fork", "forks",
            "grows_in_parts", "hold", "holds_recurrent", "leaves", "mode_of", "offset",

@@ -23,7 +23,7 @@ from typing import List, Optional, Protocol, Sequence
 
 import mlx.core as mx
 
-from .. import caches, kv as kv_caches
+from .. import caches, kv_options as kv_caches
 from ..models import PREFILL_STEP, prefill
 from ..options import KVOptions
 from ..tree import DraftTree
@@ -184,7 +184,7 @@ class Drafter:
               kv: KVOptions = kv_caches.DEFAULT):
         """Take ``model`` and prefill its cache. ``adapter``: the tree
         adapter for the draft model (default ``adapter_for(model)``);
-        ``kv``: mlx-lm's KV cache options, the target's (treespec.kv)."""
+        ``kv``: mlx-lm's KV cache options, the target's (treespec.kv_options)."""
         self.model = model
         self.adapter = adapter if adapter is not None else adapter_for(model)
         self.cache = kv_caches.make_cache(model, kv)

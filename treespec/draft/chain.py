@@ -5,7 +5,7 @@ from typing import Optional
 import mlx.core as mx
 
 from ..checks import integer
-from ..gate import shapes_for
+from ..evidence.gate import shapes_for
 from ..tree import DraftTree
 from .base import DeviceRound, Drafter, Round
 

@@ -42,7 +42,7 @@ measured drafting cost).
 so drafting costs one draft forward per depth, as a chain of that depth (the
 root's forward and one per frontier). A budget-n tree is the top n of a
 budget-N tree's candidates for n <= N (a node of depth k needs k nodes, and
-the candidates of depth <= n do not depend on deeper ones): what treespec.auto
+the candidates of depth <= n do not depend on deeper ones): what treespec.auto.choose
 reads off one calibration budget.
 
 On a growing draft cache the whole round stays on the device (each frontier's
@@ -60,7 +60,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..checks import integer
-from ..gate import shapes_for
+from ..evidence.gate import shapes_for
 from ..tree import DraftTree
 from ..verify.attention import injected
 from .base import DraftRound, top_children

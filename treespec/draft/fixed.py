@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from .. import caches
 from ..checks import integer
-from ..gate import shapes_for
+from ..evidence.gate import shapes_for
 from ..options import branching_parents
 from ..tree import DraftTree, consecutive, first_choice_order, renumbered
 from .base import DeviceRound, DraftRound, Drafter, Round, top_children

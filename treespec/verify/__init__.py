@@ -4,7 +4,7 @@ that leave the caches untouched."""
 
 from .adapter import Family, TreeAdapter, TreeRefused, adapter_for
 from .attention import injected, tree_injected, tree_mask
-from .recurrent import ChainOnly, RecurrentStrategy, register_recurrent
+from .strategy import ChainOnly, RecurrentStrategy, register_recurrent
 
 __all__ = [
     "ChainOnly",

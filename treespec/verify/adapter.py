@@ -12,7 +12,7 @@ an audit record for the model's class is said, not required
 over the flattened tree with the tree mask and ``offset + depth`` positions
 injected (treespec.verify.attention; per-position values re-indexed by
 depth, treespec.verify.positions; recurrent mixers run per depth,
-treespec.verify.recurrence) and returns one row of logits per node: each row
+treespec.verify.tree_recurrence) and returns one row of logits per node: each row
 equals, bit for bit on the CPU reference BLAS, the last row of a plain
 forward over that node's root path from the same cache state (where mlx-lm's
 own one-token and multi-token paths differ, README "Families" says which
@@ -39,7 +39,7 @@ from .guard import restored_on_error, taking_turns
 from ..module_tree import ModuleTree
 from .per_node import one_token_attentions
 from .positions import position_inputs
-from .recurrent import RecurrentStrategy, recurrent_strategy
+from .strategy import RecurrentStrategy, recurrent_strategy
 from .structure import Family, Structure, structure
 
 __all__ = ["Family", "TreeAdapter", "TreeRefused", "adapter_for"]
@@ -259,7 +259,7 @@ class TreeAdapter:
         vocabulary, as a drafter's top-k over logits of its width are.
         ``inject=True`` sends a chain through the tree path too (mask array,
         per-node RoPE, tree-aware recurrence) instead of a plain forward:
-        correct by construction, so treespec.numerics measures the tree
+        correct by construction, so treespec.evidence.numerics measures the tree
         path's own kernels with it.
 
         Takes its turn (treespec.verify.guard: one verify at a time in the
@@ -404,7 +404,7 @@ def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None)
     """The tree-verify adapter for ``model``, or TreeRefused naming the
     family and the specific structural reason (treespec.verify.structure).
     ``recurrent`` overrides the recurrent strategy (see
-    treespec.verify.recurrent.register_recurrent)."""
+    treespec.verify.strategy.register_recurrent)."""
     walks = structure(model)
     if walks.why:
         raise TreeRefused(model_type(model), walks.why)

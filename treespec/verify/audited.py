@@ -7,7 +7,7 @@ documented differences) with tiny seeded models of mlx-lm's own classes:
 ``suites/families``, which also fails when this record and its results
 disagree. A model outside it is accepted all the same and says so in its
 diagnostics ("structurally accepted, no audit record"); the exactness probe
-(treespec.gate) is its guard at run time.
+(treespec.evidence.gate) is its guard at run time.
 """
 
 from typing import Optional

@@ -1,7 +1,7 @@
 """The memory a tree verify through the tree-aware recurrence keeps alive.
 
 Every node's recurrent state and conv windows are kept until the commit
-(treespec.verify.recurrence), so a branching tree of n nodes holds n states
+(treespec.verify.tree_recurrence), so a branching tree of n nodes holds n states
 per recurrent cache; a chain goes through the mixer's own multi-token path
 and keeps none (``kept_nodes``). ``footprint_breakdown`` counts them for a
 loaded model (any mixer: the slot shapes and dtypes a scratch forward leaves

@@ -4,7 +4,7 @@ Turns: a verify swaps modules on the model's instances (each attention's
 rope, each recurrent mixer, a recorder around it) for one forward. Another
 thread calling the same model meanwhile meets those stand-ins; each behaves
 as the module it replaced in every thread but the one that installed it
-(treespec.verify.attention, treespec.verify.recurrence, treespec.rollback),
+(treespec.verify.attention, treespec.verify.tree_recurrence, treespec.rollback),
 so a plain forward elsewhere is the plain forward. Two tree verifies of one
 model cannot share the swapped modules at all, so every verify, commit and
 model check takes :data:`TURN`, one process-wide reentrant lock, for the

@@ -18,7 +18,7 @@ tree verify handles, and refused with the specific reason otherwise:
 
 The run-time half of the same checks is the probe of every injected verify
 (the mask, the ropes and the position stand-ins were reached) and the
-exactness probe of treespec.gate.
+exactness probe of treespec.evidence.gate.
 """
 
 from dataclasses import dataclass
@@ -33,7 +33,7 @@ from .attention import ROPE_ATTRS, rope_owners, rope_refusal
 from .audited import record_note
 from .codescan import positional_code
 from .positions import HANDLED, position_inputs
-from .recurrent import TREE
+from .strategy import TREE
 
 __all__ = ["Family", "Structure", "structure"]
 
@@ -42,7 +42,7 @@ __all__ = ["Family", "Structure", "structure"]
 class Family:
     """What the adapter found out about a model."""
 
-    # Kind of recurrent strategy (a key of treespec.verify.recurrent's
+    # Kind of recurrent strategy (a key of treespec.verify.strategy's
     # registry), None when the model has no recurrent cache.
     recurrent: Optional[str] = None
     # Attribute of the attention modules holding the RoPE.

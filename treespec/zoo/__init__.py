@@ -39,10 +39,18 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
 
-from .configs import (CONFIGS, DRAFT_NOISE, EMBED_STD, FAMILIES, FINAL_NORM_GAIN, _DROPPED,
-                      config)
-from .tokenizer import (BOS, EOS, PAD, SPECIAL_TOKENS, VOCAB_SIZE, tokenizer_json,
-                        save_tokenizer, token_id, tokenizer)
+from .configs import CONFIGS, DRAFT_NOISE, EMBED_STD, FAMILIES, FINAL_NORM_GAIN, _DROPPED, config
+from .tokenizer import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    VOCAB_SIZE,
+    tokenizer_json,
+    save_tokenizer,
+    token_id,
+    tokenizer,
+)
 
 # Bump when anything that changes the bytes of a saved checkpoint changes
 # (init rules, tokenizer, configs): cached checkpoints are keyed by it.

@@ -10,11 +10,11 @@ for by name. ``temperature > 0`` samples, exactly in law (treespec.sampling).
 import warnings
 from typing import Optional, Sequence
 
-from . import caches, kv as kv_caches
-from .cuda_env import warn_if_cudnn_attention
+from . import caches, kv_options as kv_caches
+from .backend.cuda import warn_if_cudnn_attention
 from .draft import Drafter, make_drafter
 from .errors import OptionError
-from .gate import ADAPTER
+from .evidence.gate import ADAPTER
 from .models import PositionWarning, position_check
 from .options import LIBRARY, DecodeOptions, KVOptions, check_prompt
 from .rounds import MODES, classic, greedy, speculative
@@ -27,7 +27,7 @@ __all__ = ["MODES", "check", "decode", "detokenize"]
 def check(options: DecodeOptions, target, draft_model, prompt_len: int, spell=None) -> None:
     """Everything ``decode`` refuses before it runs: ``options.check()``, an
     empty prompt, a prompt past the model's positions, KV cache options that
-    cannot act or cannot be exact (treespec.kv.refusal). Raises OptionError
+    cannot act or cannot be exact (treespec.kv_options.refusal). Raises OptionError
     spelled by ``spell`` (the command line passes its flags); warns
     (PositionWarning) of a run that may go past the model's positions."""
     kw = {} if spell is None else {"spell": spell}
@@ -78,7 +78,7 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
     where; defaults: ``block`` 4, i.e. 3 draft tokens as mlx-lm's, ``width``
     4, ``budget`` block - 1, ``seed`` 0). ``max_kv_size``, ``kv_bits``,
     ``kv_group_size``, ``quantized_kv_start``: mlx-lm generate_step's KV
-    cache options, for both models (treespec.kv). ``batch_levels``: a fixed
+    cache options, for both models (treespec.kv_options). ``batch_levels``: a fixed
     tree drafts each level of several fed nodes as batch rows of one token
     over copies of the draft caches instead of one forward through the tree
     injection (treespec.draft.fixed; the same tree, so the same text).

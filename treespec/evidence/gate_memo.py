@@ -1,9 +1,9 @@
 """The exactness probe's results on disk, so a second run does not pay for
-the probe (treespec.gate measures; this module only stores and checks).
+the probe (treespec.evidence.gate measures; this module only stores and checks).
 
 One JSON file per probe, ``gate/<name>.json`` under ``$TREESPEC_CACHE_DIR``
 (default ``~/.cache/treespec``), holding the probe's whole key (everything
-``treespec.gate`` keys it by: weights digest, dtypes, weight and KV
+``treespec.evidence.gate`` keys it by: weights digest, dtypes, weight and KV
 quantization, BLAS, device, MLX version, the cache mode, draws, seed, the
 adapter's name, the shapes) plus what the key cannot see: a digest of
 treespec's own source and mlx-lm's version. A file is used only when it is

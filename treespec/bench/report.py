@@ -1,6 +1,6 @@
 """`treespec bench`'s report: the machine it ran on, the table, the treespec-vs-mlx-lm
 comparison, the verify cost curve and the PNGs; and ``summarize``, which turns the raw
-timed runs of ``treespec.bench.bench`` into that report. Nothing here runs a model."""
+timed runs of ``treespec.bench.measure.bench`` into that report. Nothing here runs a model."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import List, NamedTuple, Optional, Sequence
 import mlx.core as mx
 import mlx_lm
 
-from .blas import describe, detect
-from .cuda_env import describe as describe_attention
-from .draft import shape_name
+from ..backend.blas import describe, detect
+from ..backend.cuda import describe as describe_attention
+from ..draft import shape_name
 
 EXACT = "probe+text"
 

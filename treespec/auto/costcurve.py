@@ -1,19 +1,19 @@
 """The verify cost curve: what one target forward over T tokens costs, and whether it is exact.
 
 Tree speculative decoding pays off only when a forward over T draft nodes costs little more than a
-forward over one token. On the MLX CPU backend that is decided by the BLAS (see treespec.blas):
+forward over one token. On the MLX CPU backend that is decided by the BLAS (see treespec.backend.blas):
 with the wheel's bundled reference BLAS a T-token forward costs about T single steps; with
 OpenBLAS preloaded the curve is nearly flat, but float32 forwards over T>=4 tokens stop being
 bit-identical to T single-token steps.
 
-    python -m treespec.costcurve                          # zoo llama (or a tiny one), this BLAS
-    python -m treespec.costcurve --dims 512x8 --both-blas # 512-wide 8-layer llama, both BLAS
-    python -m treespec.costcurve --dims 512x8 --both-blas --exactness 16 --dtypes float32,bfloat16,q4
-    python -m treespec.costcurve --model PATH --blas openblas
+    python -m treespec.auto.costcurve                          # zoo llama (or a tiny one), this BLAS
+    python -m treespec.auto.costcurve --dims 512x8 --both-blas # 512-wide 8-layer llama, both BLAS
+    python -m treespec.auto.costcurve --dims 512x8 --both-blas --exactness 16 --dtypes float32,bfloat16,q4
+    python -m treespec.auto.costcurve --model PATH --blas openblas
 
 ``--exactness N`` measures, for T in 1..N, whether one T-token forward equals T single-token steps
 (max abs logit difference, argmax flips). It is a measurement for the record; the gate
-(treespec.gate) owns the verdicts.
+(treespec.evidence.gate) owns the verdicts.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from mlx_lm.models import llama
 import numpy as np
 from mlx_lm.models.cache import trim_prompt_cache
 
-from . import blas as _blas
-from . import zoo
-from .flags import parse_dims
-from .models import prefilled, vocab_size
+from ..backend import blas as _blas
+from .. import zoo
+from ..cli.flags import parse_dims
+from ..models import prefilled, vocab_size
 
 DEFAULT_TS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -226,7 +226,7 @@ def _run_here(args) -> dict:
 
 
 def _child_argv(args, choice: str) -> list[str]:
-    argv = [sys.executable, "-m", "treespec.costcurve", "--blas", choice, "--json"]
+    argv = [sys.executable, "-m", "treespec.auto.costcurve", "--blas", choice, "--json"]
     argv += ["--Ts", ",".join(map(str, args.Ts)), "--context", str(args.context)]
     argv += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--seed", str(args.seed)]
     argv += ["--dtypes", args.dtypes]
@@ -310,7 +310,7 @@ def _print_results(results: list[dict], args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m treespec.costcurve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m treespec.auto.costcurve", description=__doc__.split("\n\n")[0])
     p.add_argument("--blas", choices=_blas.CHOICES, default="auto", help="CPU BLAS (re-execs)")
     p.add_argument("--both-blas", action="store_true", help="run under reference and OpenBLAS, one table")
     p.add_argument("--model", help="mlx_lm.load checkpoint directory")

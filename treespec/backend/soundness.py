@@ -2,7 +2,7 @@
 widths a verify multiplies with? A precondition of every numeric verdict,
 measured on MLX alone (no treespec code, no mlx-lm forward).
 
-An envelope (treespec.numerics) is the backend's dependence on the number of
+An envelope (treespec.evidence.numerics) is the backend's dependence on the number of
 tokens, and presumes the backend computes one product the same way every
 time. MLX 0.32.4's CUDA backend does not, for the small quantized matrices
 of the suite's zoo models: the same ``quantized_matmul`` call returns
@@ -11,8 +11,8 @@ different values, or inf, from one call to the next at 5 rows of a 64-wide
 tree defect from the kernel, and what the suites would report (an infinite
 difference "where the backend is bit-exact") would be the kernel's fault,
 not treespec's. So a model whose products fail this probe gets no verdict:
-inconclusive, with the fault named (treespec.verdicts.judge), and the gate
-declines speculation on it (treespec.gate.decide).
+inconclusive, with the fault named (treespec.evidence.verdicts.judge), and the gate
+declines speculation on it (treespec.evidence.gate.decide).
 
 A product is **sound** at ``rows`` when ``REPEATS`` identical calls, each
 evaluated on its own, raise nothing, are bit-identical to each other, are

@@ -1,5 +1,5 @@
 """What ``auto`` predicts with and how it chooses (pure: arrays of
-measurements in, candidates out; ``treespec.auto`` measures and calls it).
+measurements in, candidates out; ``treespec.auto.choose`` measures and calls it).
 
 The model, per candidate (chain b = 2..max_block, confidence tree n = 1..max_block-1,
 fixed trees when asked, spines of depth 2..max_block-1, and classic):
@@ -12,7 +12,7 @@ verifying as one graph, so its draft column holds most of the verify); a confide
 verify forward is cost(T) of its mean width, and the rest of its measured round (draft and verify
 columns less cost(T)) is drafting, proportional to the number of expansion steps; fixed trees are
 taken as measured; a spine never run emits what the replay of the calibration's texts
-says (``treespec.emission``) and costs the chain round of its depth with a verify of its
+says (``treespec.auto.emission``) and costs the chain round of its depth with a verify of its
 width. Classic is its measured time per token. All of it is steady
 state: prefill is left out of every figure (a speculative run also prefills the draft
 model, a cost that a short generation feels and a long one does not).
@@ -20,7 +20,7 @@ model, a cost that a short generation feels and a long one does not).
 The choice is the highest predicted throughput, except that a tree must beat the best
 chain (and classic) by ``margin`` to be chosen over it: a tree's estimate comes from
 one budget's run, a chain's from two. Every candidate is gated by the exactness probe
-(``treespec.gate.decide``) in order of preference, so an inexact configuration is
+(``treespec.evidence.gate.decide``) in order of preference, so an inexact configuration is
 never chosen (``pick``; the probe is the caller's ``eligible``). ``explain`` gives
 the numbers.
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .draft import FixedTreeDrafter, fixed_shape, shape_name
+from ..draft import FixedTreeDrafter, fixed_shape, shape_name
 from .emission import rounds as replayed_rounds
 
 KIND_RANK = {"classic": 0, "chain": 1, "fixed": 2, "confidence": 3}
@@ -151,9 +151,9 @@ def spine(depth: int) -> tuple:
 
 def emitted_replayed(parents: Sequence[int], ranks: Sequence) -> float:
     """Mean tokens per round a fixed shape emits over the texts whose draft
-    ranks are ``ranks`` (one array per text, ``treespec.emission.draft_ranks``),
+    ranks are ``ranks`` (one array per text, ``treespec.auto.emission.draft_ranks``),
     the shape laid out in first-choice order as its drafter verifies it; a
-    round loop of each text's length (``treespec.emission.rounds``)."""
+    round loop of each text's length (``treespec.auto.emission.rounds``)."""
     shape = FixedTreeDrafter(parents=parents).shape
     per = [e for r in ranks if len(r) for e in replayed_rounds(shape, r, len(r))]
     if not per:
@@ -409,7 +409,7 @@ def explain(choice: Candidate, ranked: Sequence[Candidate], curve: Dict[int, flo
 
 
 def decode_kwargs(choice: dict) -> dict:
-    """The ``treespec.decode.decode`` keyword arguments of a choice."""
+    """The ``treespec.decoding.decode`` keyword arguments of a choice."""
     mode = choice["mode"]
     if mode == "classic":
         return {"mode": "classic"}

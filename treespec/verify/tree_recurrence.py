@@ -349,7 +349,7 @@ def tree_recurrence(model, tree, cache: Optional[Sequence[Any]] = None, limit: O
 
 
 class TreeRecurrence:
-    """The ``RecurrentStrategy`` (treespec.verify.recurrent) for every
+    """The ``RecurrentStrategy`` (treespec.verify.strategy) for every
     recurrent mixer: each adapter gets its own, holding the per-node states
     of its last verify until the adapter hands them to the commit."""
 
@@ -358,7 +358,7 @@ class TreeRecurrence:
     def __init__(self, limit: Optional[int] = None, chains: bool = False):
         # chains=True: a chain too goes through the per-depth recurrence (one
         # mixer call per node: slow; correct by construction, so
-        # treespec.numerics measures this recurrence's own kernels with it).
+        # treespec.evidence.numerics measures this recurrence's own kernels with it).
         self.limit, self.chains = limit, chains
         self._found: Optional[Tuple[int, Discovery]] = None
         self._last = None  # the stand-ins of the last branching verify

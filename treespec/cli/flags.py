@@ -6,8 +6,8 @@ before MLX's model code or mlx-lm is imported."""
 import argparse
 from typing import List, Tuple
 
-from .errors import TreeError
-from .tree import DraftTree
+from ..errors import TreeError
+from ..tree import DraftTree
 
 
 def ints(text: str) -> List[int]:

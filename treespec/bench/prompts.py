@@ -1,6 +1,6 @@
 """treespec bench's inputs that its flags name: the prompts, the default
 chain blocks and fixed trees. Data only, so the command line's parser
-(treespec.cli) reads them without importing the bench."""
+(treespec.cli.main) reads them without importing the bench."""
 
 # Python-code prompts for the trained pair (trained on CPython's stdlib). Each
 # ends in a newline, not indentation spaces (treespec/pair/README.md says why).

@@ -1,12 +1,12 @@
 """What a command sets in its own process before the first forward: MLX
-CUDA's attention choice (treespec.cuda_env) and the CPU BLAS (treespec.blas,
+CUDA's attention choice (treespec.backend.cuda) and the CPU BLAS (treespec.backend.blas,
 which may re-execute the command)."""
 
 import sys
 
-from .blas import BlasUnavailable, ensure_blas
-from .cuda_env import prefer_mlx_attention
-from .errors import UsageError
+from ..backend.blas import BlasUnavailable, ensure_blas
+from ..backend.cuda import prefer_mlx_attention
+from ..errors import UsageError
 
 
 def prepare(blas: str = "auto", quiet: bool = False) -> None:

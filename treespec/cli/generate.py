@@ -1,5 +1,5 @@
 """``treespec generate``'s run, once its flags have passed their checks
-(treespec.generate_args): load the checkpoints, encode the prompt as
+(treespec.cli.generate_args): load the checkpoints, encode the prompt as
 mlx-lm generate does, decode, print.
 
 Output: the text, ``--``, one diagnostics line per field (fields that do not
@@ -15,14 +15,14 @@ import warnings
 
 import mlx.core as mx
 
-from .auto import choose
-from .auto_model import decode_kwargs as auto_kwargs
-from .blas import describe, detect
-from .checkpoints import check_same_tokenizer, default_pair, load_checkpoint
-from .decode import check, decode, detokenize
-from .errors import OptionError, TreeRefused, UsageError
+from ..auto.choose import choose
+from ..auto.predict import decode_kwargs as auto_kwargs
+from ..backend.blas import describe, detect
+from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
+from ..decoding import check, decode, detokenize
+from ..errors import OptionError, TreeRefused, UsageError
 from .generate_args import chosen as auto_options, decode_kwargs
-from .models import PositionWarning
+from ..models import PositionWarning
 from .process import prepare
 
 

@@ -1,20 +1,20 @@
 """``auto``: choose chain or tree, and its size, from what this machine measures.
 
-    from treespec.auto import choose
+    from treespec.auto.choose import choose
     c = choose(target, draft, tokenizer=tok)      # ~20 s of calibration on the CPU
     decode(target, prompt, draft_model=draft, **decode_kwargs(c))
     print(c["reason"])
 
 Inputs, all measured in the calling process:
 
-1. the verify cost curve cost(T) of the target (``treespec.costcurve.verify_cost_curve``,
+1. the verify cost curve cost(T) of the target (``treespec.auto.costcurve.verify_cost_curve``,
    one plain forward over T tokens, T = 1..the largest candidate; the minimum of 9,
    made non-decreasing in T);
 2. a short greedy calibration on prompts of its own (not the bench's): classic, a
    chain at the smallest and the largest block, and the confidence tree at the
    largest budget, interleaved over ``repeats`` (timings: the minimum over repeats), giving
    - the target's greedy text of each prompt, which one draft forward per prompt turns
-     into what any spine would emit on it (``treespec.emission``): spines of depth
+     into what any spine would emit on it (``treespec.auto.emission``): spines of depth
      2..max_block-1 are priced without a run of their own,
    - per-depth acceptance of the chain (so the emitted count of every smaller block),
    - the accepted root path and the draft's cumulative log-probabilities of every
@@ -22,7 +22,7 @@ Inputs, all measured in the calling process:
      budget-n tree is the top n nodes of that ranking, ancestor-closed),
    - the time per round of drafting, verifying and the rest (walk, commit, loop).
 
-The prediction and the choice rules are ``treespec.auto_model`` (pure: no
+The prediction and the choice rules are ``treespec.auto.predict`` (pure: no
 model, no clock). Then the run-off: every eligible candidate predicted within
 ``runoff`` (default 0.9) of the choice, at most ``max_runoff``, and besides them
 the best eligible candidate of each kind (classic, chain, tree) they lack,
@@ -37,12 +37,22 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, Sequence
 
-from . import gate
-from .auto_calibrate import CALIBRATION_PROMPTS, calibrate, measured_tok_s
-from .auto_model import (Candidate, emitted_replayed, explain, monotone, per_depth, pick,
-                         pick_measured, predict, runoff_finalists, spine)
+from ..evidence import gate
+from .calibrate import CALIBRATION_PROMPTS, calibrate, measured_tok_s
+from .predict import (
+    Candidate,
+    emitted_replayed,
+    explain,
+    monotone,
+    per_depth,
+    pick,
+    pick_measured,
+    predict,
+    runoff_finalists,
+    spine,
+)
 from .costcurve import verify_cost_curve
-from .draft import FixedTreeDrafter, fixed_shape, make_drafter
+from ..draft import FixedTreeDrafter, fixed_shape, make_drafter
 from .emission import draft_ranks
 
 
@@ -56,9 +66,9 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
            deadline: Optional[float] = None) -> dict:
     """Measure, predict, gate, choose. Returns
     ``dict(mode, block, budget, branching, width, reason, predicted, details)``;
-    ``decode_kwargs(result)`` feeds ``treespec.decode.decode``. ``prompts``: token
+    ``decode_kwargs(result)`` feeds ``treespec.decoding.decode``. ``prompts``: token
     lists or strings (with ``tokenizer``); default CALIBRATION_PROMPTS. ``decide``:
-    the exactness gate (default ``treespec.gate.decide``). ``spines``: also
+    the exactness gate (default ``treespec.evidence.gate.decide``). ``spines``: also
     price the spines of depth 2..max_block-1 that ``trees`` does not name,
     from the calibration's texts replayed (no run of their own)."""
     decide = decide if decide is not None else gate.decide

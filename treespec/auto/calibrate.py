@@ -1,6 +1,6 @@
 """auto's calibration: short interleaved greedy runs of classic, two chains,
 the confidence tree and any fixed trees, timed per round, with the texts
-they decoded (treespec.auto turns them into predictions)."""
+they decoded (treespec.auto.choose turns them into predictions)."""
 
 import statistics
 import time
@@ -8,10 +8,10 @@ import time
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from .decode import decode
-from .draft import ChainDrafter, ConfidenceDrafter, FixedTreeDrafter, fixed_shape
+from ..decoding import decode
+from ..draft import ChainDrafter, ConfidenceDrafter, FixedTreeDrafter, fixed_shape
 
-# Calibration prompts: Python code, distinct from treespec.bench.PROMPTS.
+# Calibration prompts: Python code, distinct from treespec.bench.measure.PROMPTS.
 CALIBRATION_PROMPTS = [
     "import json\n\n\ndef load(path):\n",
     "class Node:\n    def __init__(self, value, children=None):\n",
@@ -77,7 +77,7 @@ def calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log
         first = reps[0]
         res = dict(spec)
         # What the first repeat decoded, per prompt: the text auto replays
-        # shapes it never ran on (treespec.emission).
+        # shapes it never ran on (treespec.auto.emission).
         res["texts"] = [x["text"] for x in first]
         if spec["kind"] == "classic":
             res["ms_per_token"] = min(

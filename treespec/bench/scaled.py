@@ -12,7 +12,7 @@ match a trained pair's agreement, not a property of any real checkpoint. The
 costs are real: the target computes every layer at full width whatever alpha
 is, and the drafter costs what ``draft_layers`` layers and the head cost.
 
-    python -m treespec.scaled --dims 2048x16 --draft-layers 2 --alpha 0.3 0.5
+    python -m treespec.bench.scaled --dims 2048x16 --draft-layers 2 --alpha 0.3 0.5
 """
 
 import argparse
@@ -24,11 +24,11 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from .bench_prompts import PROMPTS
-from .checkpoints import load_default_pair
-from .costcurve import build_llama, parse_dims
-from .models import n_params
-from .rounds import classic
+from .prompts import PROMPTS
+from ..checkpoints import load_default_pair
+from ..auto.costcurve import build_llama, parse_dims
+from ..models import n_params
+from ..rounds import classic
 
 
 # The pair the H200 figures in README.md were taken on (teacher-forced greedy
@@ -51,7 +51,7 @@ def pair_from_arguments(args, dtype: str = "bfloat16"):
 def add_study_arguments(ap: argparse.ArgumentParser, repeats: int):
     """A measurement script's pair (``add_pair_arguments``, or ``--pair`` for
     the built-in trained pair with that drafter) and its ``--repeats`` and
-    ``--calls`` (treespec.timing.interleaved)."""
+    ``--calls`` (treespec.bench.timing.interleaved)."""
     add_pair_arguments(ap)
     ap.add_argument("--pair", choices=("default", "weak"),
                     help="the built-in trained pair (its target and that drafter) instead")

@@ -2,9 +2,9 @@
 one deliberate defect in what treespec injects (positions flattened to a
 chain's, mlx-lm's plain causal mask, one sibling leaked into another's
 view, the recurrence taking the tree unmodified), and how far each lands
-from the correct rows. treespec.numerics measures the envelope a comparison
+from the correct rows. treespec.evidence.numerics measures the envelope a comparison
 is judged within; the controls say whether a defect of the kind the check
-exists for would land outside it (treespec.verdicts, the separation rule).
+exists for would land outside it (treespec.evidence.verdicts, the separation rule).
 """
 
 import copy
@@ -15,11 +15,11 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.base import create_causal_mask
 
-from .caches import mode_of
-from .errors import TreeRefused
-from .tree import DraftTree
-from .verify import TreeAdapter, adapter_for
-from .verify.attention import injected, tree_mask
+from ..caches import mode_of
+from ..errors import TreeRefused
+from ..tree import DraftTree
+from ..verify import TreeAdapter, adapter_for
+from ..verify.attention import injected, tree_mask
 
 __all__ = ["CONTROLS", "RECURRENCE", "SUBSTITUTED", "FlatRecurrence", "adapter_or_none", "clone",
            "control_rows", "controls", "max_abs_diff"]

@@ -1,7 +1,7 @@
 """`treespec generate | bench | audit`: the command line.
 
 Start-up is kept light: this module and what it imports (the flags of every
-command, their parsers and checks: treespec.generate_args, treespec.flags,
+command, their parsers and checks: treespec.cli.generate_args, treespec.cli.flags,
 treespec.options) need neither mlx-lm nor MLX's model code, so ``--help`` and
 every flag error come back before anything heavy loads. Each command's work
 lives in its own module, named in :data:`COMMANDS` and imported only once its
@@ -15,14 +15,14 @@ import importlib
 import sys
 
 from . import generate_args
-from .bench_prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS
-from .errors import UsageError
+from ..bench.prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS
+from ..errors import UsageError
 from .flags import parse_blocks, parse_dims, parse_trees
 
 # subcommand -> "module:function" run with the parsed arguments (exit status).
 COMMANDS = {
-    "generate": "treespec.generate_cli:cmd_generate",
-    "bench": "treespec.bench_cli:cmd_bench",
+    "generate": "treespec.cli.generate:cmd_generate",
+    "bench": "treespec.bench.command:cmd_bench",
     "audit": "treespec.audit.command:cmd_audit",
 }
 
@@ -61,7 +61,7 @@ def add_bench_parser(sub):
                    help="time configurations whose probe found differences (still text-diffed)")
     p.add_argument("--scaled", type=parse_dims, metavar="HIDDENxLAYERS",
                    help="instead of a checkpoint pair: a random bf16 llama of this size and a "
-                   "drafter cut from it (treespec.scaled), e.g. 2048x16 (~0.8B)")
+                   "drafter cut from it (treespec.bench.scaled), e.g. 2048x16 (~0.8B)")
     p.add_argument("--draft-layers", type=int, default=2, help="--scaled: the drafter's depth")
     p.add_argument("--alpha", type=float, default=0.3,
                    help="--scaled: damping of the layers the drafter lacks (sets acceptance)")

@@ -1,5 +1,5 @@
 """The backend's numerics envelope, measured in the same run (the suites and
-``treespec audit`` alike); treespec.verdicts holds the words and the rule it
+``treespec audit`` alike); treespec.evidence.verdicts holds the words and the rule it
 is judged with (re-exported here: ``numerics.judge``, ``numerics.Verdict``).
 
 One forward over M tokens gives logits bit-identical to M single-token steps
@@ -35,13 +35,13 @@ multi-token forward: exactly what a verify that saw the ring in time order
 would get wrong.
 
 Where the model's quantized products are unsound on this backend at the
-widths asked (treespec.soundness: the same call giving different or
+widths asked (treespec.backend.soundness: the same call giving different or
 infinite values), there is no envelope to measure: :func:`envelope` returns
 one carrying the faults, and every verdict judged with it is inconclusive.
 
 Entry points: :func:`envelope` (memoized per process), :func:`measure` (not
 memoized: for a test that changes kernels for its own duration),
-:func:`controls` (a tree's negative controls, treespec.controls'), and the
+:func:`controls` (a tree's negative controls, treespec.evidence.controls'), and the
 rule's ``judge``.
 """
 
@@ -52,17 +52,44 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from .controls import (CONTROLS, RECURRENCE, SUBSTITUTED, FlatRecurrence, adapter_or_none, clone,
-                       control_rows, controls, max_abs_diff)
-from .errors import TreeRefused
-from .models import vocab_size
-from .soundness import faults as kernel_faults
-from .tree import DraftTree
-from .verdicts import (BIT_EXACT, DECLINED, FAIL, INCONCLUSIVE, SAFETY, SEPARATION, TRIANGLE,
-                       UNSOUND, WITHIN, WORDS, Envelope, Verdict, bucket, declined, judge,
-                       tree_path_verdict, unsound, widths_of, worst)
-from .verify import TreeAdapter
-from .verify.recurrence import TreeRecurrence
+from .controls import (
+    CONTROLS,
+    RECURRENCE,
+    SUBSTITUTED,
+    FlatRecurrence,
+    adapter_or_none,
+    clone,
+    control_rows,
+    controls,
+    max_abs_diff,
+)
+from ..errors import TreeRefused
+from ..models import vocab_size
+from ..backend.soundness import faults as kernel_faults
+from ..tree import DraftTree
+from .verdicts import (
+    BIT_EXACT,
+    DECLINED,
+    FAIL,
+    INCONCLUSIVE,
+    SAFETY,
+    SEPARATION,
+    TRIANGLE,
+    UNSOUND,
+    WITHIN,
+    WORDS,
+    Envelope,
+    Verdict,
+    bucket,
+    declined,
+    judge,
+    tree_path_verdict,
+    unsound,
+    widths_of,
+    worst,
+)
+from ..verify import TreeAdapter
+from ..verify.tree_recurrence import TreeRecurrence
 
 __all__ = ["BIT_EXACT", "CONTROLS", "DECLINED", "Envelope", "FAIL", "FlatRecurrence",
            "INCONCLUSIVE", "RECURRENCE", "SAFETY", "SEPARATION", "TRIANGLE", "UNSOUND", "Verdict",
@@ -93,7 +120,7 @@ def _time_ordered(model, kv_bits, kv_group, prompt) -> list:
 
 class _PrefillUnsound(Exception):
     """A sample's context is a width at which the model's quantized products
-    are unsound (treespec.soundness.faults, carried in ``faults``)."""
+    are unsound (treespec.backend.soundness.faults, carried in ``faults``)."""
 
     def __init__(self, faults):
         super().__init__("; ".join(map(str, faults)))
@@ -356,7 +383,7 @@ def _measured(model, widths: Sequence[int], key: str, measurement) -> Envelope:
 
 def _unsound(model, widths: Sequence[int], key: str) -> Optional[Envelope]:
     """The envelope that is none: where the model's quantized products are
-    unsound at these widths (treespec.soundness), nothing is measured and
+    unsound at these widths (treespec.backend.soundness), nothing is measured and
     every comparison judged with it is inconclusive, naming the fault."""
     found = kernel_faults(model, _with_one(widths))
     return _unsound_envelope(key, widths, found) if found else None

@@ -25,7 +25,7 @@ incremental forwards equal its forward over the whole text (the exact
 regimes; ``suites/e2e/test_emission.py`` pins it round by round against
 decodes). It counts rounds up to ``max_tokens`` text tokens and does not
 model an end-of-sequence token inside a round. What a round costs is not
-here: ``treespec.auto_model`` prices shapes from measured times.
+here: ``treespec.auto.predict`` prices shapes from measured times.
 """
 
 from typing import List, Sequence

@@ -1,5 +1,5 @@
 """The suite's verdict words and the pass rule every numeric comparison is
-judged by (the suites and ``treespec audit`` alike); treespec.numerics
+judged by (the suites and ``treespec audit`` alike); treespec.evidence.numerics
 measures the envelope the rule is applied with.
 
 **The pass rule** (:func:`judge`): two forwards of different widths (a tree
@@ -27,7 +27,7 @@ from typing import Dict, Iterable, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
-from .tree import DraftTree
+from ..tree import DraftTree
 
 __all__ = ["BIT_EXACT", "DECLINED", "Envelope", "FAIL", "INCONCLUSIVE", "SAFETY", "SEPARATION",
            "TRIANGLE", "UNSOUND", "Verdict", "WITHIN", "WORDS", "bucket", "declined", "judge",
@@ -104,7 +104,7 @@ class Envelope:
     tree_vs_plain: Optional[float]  # max |tree path - plain forward|, same tokens
     controls: Optional[Dict[str, float]] = None  # on the key's branching tree; None: not run
     kv_level: Optional[float] = None  # one KV quantization level's effect (inexact backends)
-    faults: Tuple[str, ...] = ()  # unsound kernel products (treespec.soundness): nothing measured
+    faults: Tuple[str, ...] = ()  # unsound kernel products (treespec.backend.soundness): nothing measured
 
     @property
     def tree_ok(self) -> bool:
@@ -206,7 +206,7 @@ UNSOUND = "the backend's kernels are unsound here"
 def unsound(env: Envelope, what: str = "") -> Verdict:
     """No verdict on a comparison whose forwards ran on unsound kernels: the
     same product gives different (or infinite) values from call to call, so
-    no bound tells a defect from the kernel (treespec.soundness)."""
+    no bound tells a defect from the kernel (treespec.backend.soundness)."""
     return Verdict(INCONCLUSIVE, float("nan"), detail=f"{what}{UNSOUND}: {env.line()}")
 
 

@@ -15,7 +15,7 @@ Configurations (all greedy, temperature 0):
 - ``conf n=N``: the confidence-driven tree at node budget N = B - 1 for each block;
 - ``mlx-lm b=B``: ``mlx_lm.generate.speculative_generate_step`` (what ``stream_generate``
   runs when given a draft model) with ``num_draft_tokens = B - 1``;
-- ``auto``: what :func:`treespec.auto.choose` picks after a short calibration on its
+- ``auto``: what :func:`treespec.auto.choose.choose` picks after a short calibration on its
   own prompts (not the bench's).
 
 Gating: every speculative configuration first passes the exactness probe (the
@@ -47,14 +47,21 @@ import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from .auto_model import decode_kwargs as auto_decode_kwargs
-from .bench_prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS  # noqa: F401  (re-exported)
-from .bench_report import EXACT, summarize
-from .decode import decode
-from .draft import ChainDrafter, FixedTreeDrafter, fixed_shape, make_drafter, shape_name
-from .flags import parse_blocks, parse_trees  # noqa: F401  (bench's flag values)
-from .gate import DRAWS, Decision, compare_shape, configuration, unsound_decision, worst_diff
-from .options import wide_depth
+from ..auto.predict import decode_kwargs as auto_decode_kwargs
+from .prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS  # noqa: F401  (re-exported)
+from .report import EXACT, summarize
+from ..decoding import decode
+from ..draft import ChainDrafter, FixedTreeDrafter, fixed_shape, make_drafter, shape_name
+from ..cli.flags import parse_blocks, parse_trees  # noqa: F401  (bench's flag values)
+from ..evidence.gate import (
+    DRAWS,
+    Decision,
+    compare_shape,
+    configuration,
+    unsound_decision,
+    worst_diff,
+)
+from ..options import wide_depth
 
 
 
@@ -253,7 +260,7 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
 
 
 class SharedProbe:
-    """``treespec.gate.decide``, with the per-shape measurements shared across
+    """``treespec.evidence.gate.decide``, with the per-shape measurements shared across
     configurations. The gate's probe memoizes whole shape lists, and the bench's
     lists overlap heavily (chain b probes the chains 1..b, so blocks 2..8 would
     measure 35 chains where 8 are distinct). Each shape is measured by the gate's
@@ -372,7 +379,7 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
             f" ({time.perf_counter() - t0:.1f}s)")
     # 2. Warm-up: every configuration once over every prompt, untimed. On an
     # accelerator a run's first meeting with a shape compiles kernels (and
-    # cuDNN attention builds a graph per kv length: treespec/cuda_env.py),
+    # cuDNN attention builds a graph per kv length: treespec/backend/cuda.py),
     # so a short warm-up would leave those costs inside the timed runs.
     warmed = True
     for c in live:

@@ -1,9 +1,9 @@
 """``treespec generate``'s flags, and their reading into decode options.
 
-Light (no MLX model code, no mlx-lm): ``treespec.cli`` parses and checks
+Light (no MLX model code, no mlx-lm): ``treespec.cli.main`` parses and checks
 every flag with this module, through the library's own checks
 (treespec.options, spelled as flags), before anything heavy is imported or a
-model is loaded; treespec.generate_cli then runs what it resolved.
+model is loaded; treespec.cli.generate then runs what it resolved.
 
 Flags are mlx-lm generate's where the meaning is the same, with its
 defaults: ``-m/--max-tokens`` (100), ``-p/--prompt`` (``-`` reads stdin;
@@ -23,9 +23,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import List
 
-from .errors import OptionError, UsageError
+from ..errors import OptionError, UsageError
 from .flags import ints
-from .options import DEFAULT_BLOCK, MAX_DRAFT_NODES, DecodeOptions, KVOptions, Spelling
+from ..options import DEFAULT_BLOCK, MAX_DRAFT_NODES, DecodeOptions, KVOptions, Spelling
 
 DEFAULT_PROMPT = "def fibonacci(n):\n    "
 DEFAULT_MAX_TOKENS = 100  # mlx-lm generate's
@@ -190,7 +190,7 @@ def resolve(args) -> Resolved:
 
 def chosen(options: DecodeOptions, kwargs: dict) -> DecodeOptions:
     """The options of what ``--mode auto`` chose (``kwargs``: its decode
-    keyword arguments, treespec.auto.decode_kwargs)."""
+    keyword arguments, treespec.auto.choose.decode_kwargs)."""
     mode = kwargs["mode"]
     shape = {k: kwargs.get(k) for k in ("block", "branching", "parents", "budget", "width")}
     return replace(options, mode=mode, draft_model=mode != "classic",
@@ -198,7 +198,7 @@ def chosen(options: DecodeOptions, kwargs: dict) -> DecodeOptions:
 
 
 def decode_kwargs(options: DecodeOptions) -> dict:
-    """``treespec.decode.decode``'s keyword arguments for these options (the
+    """``treespec.decoding.decode``'s keyword arguments for these options (the
     ones given; the models, prompt and EOS ids are the caller's)."""
     out = dict(mode=options.mode, max_tokens=options.max_tokens,
                temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,

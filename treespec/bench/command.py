@@ -1,21 +1,21 @@
-"""``treespec bench``'s run (its flags are treespec.cli's): the pair it runs
-on, and its printed report (the measurements are treespec.bench's)."""
+"""``treespec bench``'s run (its flags are treespec.cli.main's): the pair it runs
+on, and its printed report (the measurements are treespec.bench.measure's)."""
 
 import json
 import sys
 import time
 
-from . import auto, scaled
-from .bench import (PROMPTS, SharedProbe, auto_config, bench, build_configs,
-                    describe_choice)
-from .bench_report import format_curve, format_report, machine_info, write_plots
-from .checkpoints import check_same_tokenizer, default_pair, load_checkpoint
-from .costcurve import verify_cost_curve
-from .decode import batch_levels_refusal
-from .errors import UsageError
-from .models import n_params
-from .options import KVOptions, Spelling
-from .process import prepare
+from ..auto import choose as auto
+from . import scaled
+from .measure import PROMPTS, SharedProbe, auto_config, bench, build_configs, describe_choice
+from .report import format_curve, format_report, machine_info, write_plots
+from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
+from ..auto.costcurve import verify_cost_curve
+from ..decoding import batch_levels_refusal
+from ..errors import UsageError
+from ..models import n_params
+from ..options import KVOptions, Spelling
+from ..cli.process import prepare
 
 CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 

@@ -5,7 +5,7 @@ flattened tree it folds siblings into each other's state: wrong by 3-5 in the
 logits, silently. A chain is exact: the flattened chain *is* the sequence.
 :class:`ChainOnly` verifies linear trees and refuses the rest; the default,
 registered for every model with a recurrent cache (kind ``"tree"``), is the
-tree-aware recurrence of treespec.verify.recurrence, which runs every mixer
+tree-aware recurrence of treespec.verify.tree_recurrence, which runs every mixer
 per depth.
 
 Another strategy registers a factory for its kind with
@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 import mlx.nn as nn
 
 from ..tree import DraftTree
-from .recurrence import TreeRecurrence
+from .tree_recurrence import TreeRecurrence
 
 
 class RecurrentStrategy(Protocol):

@@ -11,9 +11,9 @@ instead of assuming.
 ``probe`` verifies each shape from one prefilled cache state and compares
 every node's logits byte for byte with single-token steps over its root path,
 over several independent draws, in the cache mode the run uses (``cache``:
-treespec.kv.ProbeCache; default mlx-lm's plain cache). Results are memoized
+treespec.kv_options.ProbeCache; default mlx-lm's plain cache). Results are memoized
 under a key of what can change them, in this process and on disk
-(treespec.gate_memo). ``decide`` turns a probe into run / decline.
+(treespec.evidence.gate_memo). ``decide`` turns a probe into run / decline.
 
 Cost: per shape and draw, one prefill, one verify and one single-token step
 per node (each node stepped once, from a copy of its parent's cache state).
@@ -38,14 +38,15 @@ from mlx.utils import tree_flatten
 
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import caches, gate_memo
-from .attention_check import AttentionCheck, interleaved_rows_match
-from .blas import detect
-from .models import model_type, prefilled, vocab_size
-from .options import MAX_DRAFT_NODES
-from .soundness import faults as kernel_faults, holds_scales
-from .tree import DraftTree
-from .verify import adapter_for
+from .. import caches
+from . import gate_memo
+from ..backend.attention_check import AttentionCheck, interleaved_rows_match
+from ..backend.blas import detect
+from ..models import model_type, prefilled, vocab_size
+from ..options import MAX_DRAFT_NODES
+from ..backend.soundness import faults as kernel_faults, holds_scales
+from ..tree import DraftTree
+from ..verify import adapter_for
 
 DRAWS = 3  # one draw is a coin toss when only a few bytes move
 CONTEXT = 24
@@ -84,7 +85,7 @@ class Probe:
     seconds: float = 0.0  # what measuring it cost (0 when read back from disk)
     memo: Optional[str] = None  # the file it was stored to or read from
     source: str = "measured"  # or "disk memo"
-    # Backend checks a model's layout rests on (treespec.attention_check),
+    # Backend checks a model's layout rests on (treespec.backend.attention_check),
     # for models with a sliding window.
     checks: List[AttentionCheck] = field(default_factory=list)
 
@@ -332,9 +333,9 @@ def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int 
     """Measure every shape; memoized per (configuration, cache mode, shapes,
     draws, the adapter's name). ``adapter``: the tree adapter measured
     (default ``adapter_for(model)``), named by ``adapter_name`` in the key;
-    ``cache``: the cache mode (treespec.kv.ProbeCache; None: mlx-lm's plain
+    ``cache``: the cache mode (treespec.kv_options.ProbeCache; None: mlx-lm's plain
     cache). Probes of the default adapter are also kept on disk
-    (treespec.gate_memo); ``note`` receives why a stored file was ignored.
+    (treespec.evidence.gate_memo); ``note`` receives why a stored file was ignored.
     ``params``: ``tree_flatten(model.parameters())`` if the caller has it."""
     shapes = [tuple(s) for s in shapes]
     mode = cache.describe() if cache is not None else None
@@ -393,7 +394,7 @@ class Decision:
 
 def unsound_decision(model, shapes, params=None) -> Optional[Decision]:
     """The decline, before any probe, of a model whose quantized products are
-    unsound on this backend at the shapes' widths (treespec.soundness); None
+    unsound on this backend at the shapes' widths (treespec.backend.soundness); None
     where they are sound, or where ``params`` (``tree_flatten(model.parameters())``,
     if the caller has it) hold no quantized module."""
     if params is not None and not holds_scales(params):
@@ -411,7 +412,7 @@ def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapt
     """Run / decline from ``probe`` (``cache``: the cache mode, as there).
     Declined without a probe (``--allow-inexact`` or not: nothing could be
     measured) where the model's quantized products are unsound on this
-    backend (treespec.soundness), and where the backend cannot run the
+    backend (treespec.backend.soundness), and where the backend cannot run the
     probe's forwards at all in this cache mode (an MLX error, quoted)."""
     params = tree_flatten(model.parameters())  # walked once for every check below
     unsound = unsound_decision(model, shapes, params)
@@ -439,7 +440,7 @@ def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapt
         what = (f"this backend's attention does not give a masked multi-query row the bits of "
                 f"a one-query step in {', '.join(c.dtype for c in ring)} (max |diff| "
                 f"{max(c.max_abs_diff for c in ring):.3g}), which the sliding-window verify "
-                f"rests on (treespec.attention_check) {where}")
+                f"rests on (treespec.backend.attention_check) {where}")
     if allow_inexact:
         return Decision(True, False, f"INEXACT, running anyway (--allow-inexact): {what}", p)
     return Decision(False, False, f"declined to classic decode: {what}", p)
