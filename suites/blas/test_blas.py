@@ -26,7 +26,7 @@ linux_only = pytest.mark.skipif(not LINUX_CPU_WHEEL, reason="LD_PRELOAD/BLAS cho
 
 REPORT = (
     "import json, numpy, sys\n"  # numpy maps its own (prefixed) OpenBLAS: must not fool detect()
-    "from treespec import blas\n"
+    "from treespec.backend import blas\n"
     "print('START', flush=True)\n"
     "i = blas.{call}\n"
     "d = dict(name=i.name, cpu=i.cpu_name, library=i.library, threads=i.threads, key=i.key(),\n"
@@ -181,7 +181,7 @@ def test_a_reexec_is_refused_inside_pytest():
 
 THREADS_AT_RUN_TIME = (
     "import ctypes, json\n"
-    "from treespec import blas\n"
+    "from treespec.backend import blas\n"
     "before = blas.detect(mapped=False)\n"
     "ctypes.CDLL(before.library).openblas_set_num_threads(1)\n"
     "after = blas.detect(mapped=False)\n"

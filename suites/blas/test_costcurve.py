@@ -52,7 +52,7 @@ def test_reference_blas_forward_over_T_equals_T_single_steps():
     # forward is bit-identical to T single-token steps (float32, 4-bit). Run where the reference
     # BLAS is guaranteed, whatever this pytest process was started with.
     code = (
-        "from treespec import blas; from treespec.auto.costcurve import build_llama, stepwise_exactness\n"
+        "from treespec.backend import blas; from treespec.auto.costcurve import build_llama, stepwise_exactness\n"
         "assert blas.ensure_blas('reference').name == 'reference'\n"
         "for bits in (None, 4):\n"
         "    rows = stepwise_exactness(build_llama(64, 2, vocab=256, bits=bits), T_max=8, context=8)\n"

@@ -6,8 +6,9 @@ measures the envelope the rule is applied with.
 node and its root-path forward; a committed cache and a path-only cache
 decoding on) each lie within the envelope E of the single-token steps, so
 by the triangle inequality within ``TRIANGLE`` x E of each other; E is a
-sample maximum, so ``SAFETY`` more covers what other tokens may show:
-``bound = 4 E``. E = 0 (the reference BLAS): bit identity is required,
+sample maximum, so a factor ``SAFETY`` more covers what other tokens may
+show: ``bound = TRIANGLE x SAFETY x E = 8 E`` (:attr:`Envelope.bound`). E = 0
+(the reference BLAS): bit identity is required,
 exactly as where no envelope exists. **Separation**: negative controls (the
 same tree verified with flattened positions, with a plain causal mask, with
 one sibling leaked into a node's mask row; for a comparison without a
