@@ -14,7 +14,7 @@ from pathlib import Path
 # M5), unless MLX_ENABLE_TF32=0. The suite's float32 checks need float32:
 # on the H200 TF32 made the float32 envelope 1e-2 to 3.6, so the negative
 # controls no longer separated from it and nearly every float32 verdict was
-# inconclusive (README, "On the H200"). A caller's own setting is kept;
+# inconclusive (docs/numerics.md#tf32-and-cudnn-attention-on-cuda). A caller's own setting is kept;
 # the CPU backend has no TF32 and is unaffected. xdist workers and the
 # suites' subprocesses inherit it.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
@@ -116,7 +116,7 @@ def pytest_unconfigure(config):
 
 def _regime() -> str:
     # Goldens are kept per numerics regime (reference, openblas, cuda, ...):
-    # README, "Goldens per regime", says what each pins and how to record a
+    # docs/numerics.md#goldens-per-regime says what each pins and how to record a
     # new backend's.
     return blas.regime()
 

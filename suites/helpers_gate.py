@@ -1,5 +1,5 @@
 """The exactness gate's decision as a test checks it on every backend
-(README, "Verdicts"): where the regime is exact
+(docs/numerics.md#writing-a-numeric-test): where the regime is exact
 (``suites.helpers_numerics.EXACT_REGIMES``) the gate must let speculation
 run; elsewhere it may decline instead, and then it is its probe's own
 measurement and says why. Either way the decision becomes a verdict for the

@@ -1,4 +1,4 @@
-"""The one entry point a numeric test calls (README, "Verdicts"): compare two
+"""The one entry point a numeric test calls (docs/numerics.md#writing-a-numeric-test): compare two
 forwards' logits against this backend's measured envelope, record the
 verdict for the table, and fail or skip as it says.
 

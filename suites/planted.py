@@ -1,4 +1,4 @@
-"""Planted kernel regressions (README, "Planted regressions"): a pytest plugin
+"""Planted kernel regressions (docs/numerics.md#planted-regressions): a pytest plugin
 (loaded by the root conftest.py) that patches MLX and mlx-lm functions where
 mlx-lm calls them, for one test (the ``plant`` fixture) or for a whole run
 (``--plant NAME``: run any selection of the suite under one regression and
@@ -222,7 +222,7 @@ def plant():
 def pytest_addoption(parser):
     parser.addoption("--plant", default=None, metavar="NAME",
                      help="run the whole selection under one planted kernel regression "
-                          f"(README, 'Planted regressions'): {', '.join(PLANTS)}")
+                          f"(docs/numerics.md#planted-regressions): {', '.join(PLANTS)}")
 
 
 _SESSION = []

@@ -25,7 +25,7 @@ from treespec.backend.blas import describe, regime
 
 PROPERTY = "treespec-verdicts"
 
-# Contracts named in the table (README, "The contracts").
+# Contracts named in the table (docs/contracts.md#the-verdict-table).
 VERIFY = "verify: tree nodes = root-path forwards"
 CHAIN = "verify: chain = mlx-lm chain verify"
 KERNELS = "tree path kernels = plain forward"
@@ -40,7 +40,7 @@ SOUND = "backend: quantized products sound"
 BACKEND_GAP = "backend: kernel exists"
 
 # Regimes where every multi-token forward is bit-identical to single steps
-# (README, "Goldens per regime"): there a backend fault is a regression, never
+# (docs/numerics.md#goldens-per-regime): there a backend fault is a regression, never
 # a reason to withhold a verdict.
 EXACT_REGIMES = ("reference",)
 

@@ -1,4 +1,4 @@
-"""Reading `treespec audit`'s rows on every backend (README, "Verdicts").
+"""Reading `treespec audit`'s rows on every backend (docs/numerics.md#the-verdict-words).
 
 A row that compares forwards (verify, rollback, e2e, ...) passes where the
 regime is exact (``suites.helpers_numerics.EXACT_REGIMES``); elsewhere it may

@@ -10,7 +10,7 @@ diverges, as information in the verdict, never as a pass or a failure.
 Texts and token ids are golden snapshots per regime (golden/e2e/<regime>/);
 an exact regime's (the CPU reference BLAS) also pin round statistics. A
 kernel or code change that moves them fails here until reviewed with
-``--snapshot-update`` (README, "Goldens per regime")."""
+``--snapshot-update`` (docs/numerics.md#goldens-per-regime)."""
 
 import mlx_lm
 import pytest
@@ -43,7 +43,7 @@ MAX_TOKENS = 40
 
 # Every family in float32, and the sliding-window families in bfloat16 too:
 # the runs keep decoding on a wrapped ring, which the verify lays out as the
-# one-token steps see it (README, "Verify"), so on an exact backend the gate
+# one-token steps see it (docs/verify.md#sliding-window-rings), so on an exact backend the gate
 # lets every pair speculate.
 PAIRS = [(f, "float32") for f in zoo.FAMILIES] + [
     ("gemma3_text", "bfloat16"), ("gemma4_text", "bfloat16")]
@@ -101,7 +101,7 @@ def test_speculative_text_is_byte_identical_to_mlx_lm_generate(pair, mode, promp
     expect(verdict, E2E, family, dtype)
     if regime() not in EXACT_REGIMES:
         # Elsewhere round statistics depend on the kernel the machine's
-        # library picks (README, "Goldens per regime"): the text is pinned.
+        # library picks (docs/numerics.md#goldens-per-regime): the text is pinned.
         assert snapshot == {"text": text, "tokens": result.tokens}
         return
     assert snapshot == {

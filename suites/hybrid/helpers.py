@@ -213,7 +213,7 @@ def mismatched(a, b):
 # alone samples the rounding of the last rows of a width-M projection; a
 # tree node's state holds its own row, anywhere in the verify's M. Where a
 # BLAS rounds a row by its place in the product (OpenBLAS on Zen cores does;
-# README, "Verdicts"), the plain envelope also
+# docs/numerics.md#the-envelope), the plain envelope also
 # takes M one-input sequences as one batch (the same M-row products, every
 # row's state kept) against each input alone from the same cache.
 

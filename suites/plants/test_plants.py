@@ -11,7 +11,7 @@ matrix's shapes (and ``treespec audit``'s long-context probe) reach them.
 
 A gate check whose model the gate already declines unplanted in this regime
 (float32 under OpenBLAS) has nothing to show and is skipped with the reason;
-the bfloat16 twin shows it there (README, "Planted regressions").
+the bfloat16 twin shows it there (docs/numerics.md#planted-regressions).
 """
 
 from dataclasses import dataclass

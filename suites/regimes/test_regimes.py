@@ -1,5 +1,4 @@
-"""Goldens per numerics regime (golden/e2e/<regime>/, README "Goldens per
-regime"): every regime's goldens pin texts and token ids; only an exact
+"""Goldens per numerics regime (golden/e2e/<regime>/, docs/numerics.md#goldens-per-regime): every regime's goldens pin texts and token ids; only an exact
 regime's (the CPU reference BLAS) also pin round statistics, which elsewhere
 depend on which kernel a machine gets (this machine's OpenBLAS declines
 float32 chain b=2, where another machine's ran it)."""

@@ -3,7 +3,7 @@ through many wraps of every ring, chain and tree decoding emit exactly
 mlx-lm's greedy tokens (``generate_step``, which ``mlx_lm.generate``
 runs). Before the verify laid rings out as one-token steps see them, these
 runs left classic decoding after a few hundred tokens while the gate passed
-(a rare rounding of the reordered sums; README, "Verify").
+(a rare rounding of the reordered sums; docs/verify.md#sliding-window-rings).
 
 Where the backend is exact the gate must let both modes speculate. Elsewhere
 (CUDA, in both half precisions) it may decline: the tokens, classic
@@ -12,7 +12,7 @@ with its reason, and a run forced past the gate says where its tokens would
 first leave mlx-lm's, as information (as suites/e2e/test_text_diff.py). The
 forced run stops at that first difference: what it would emit after leaving
 mlx-lm's tokens says nothing more, and decoding on to 1500 tokens made these
-the suite's longest tests on CUDA (README, "On the H200")."""
+the suite's longest tests on CUDA (results/h200-exactness/README.md)."""
 
 import mlx.core as mx
 import pytest

@@ -158,7 +158,7 @@ def classic(m, tokens, caches):
     """The reference's forward over an accepted path: on caches with a
     sliding-window ring, one-token steps (classic decoding; a multi-token
     forward would put a wrapped ring in time order, which neither classic
-    decoding nor the verify does, README "Verify"), elsewhere one forward
+    decoding nor the verify does, docs/verify.md#sliding-window-rings), elsewhere one forward
     over the path. Returns the logits [len(tokens), vocab]."""
     if has_ring(caches):
         return mx.concatenate([m(mx.array([[t]]), cache=caches)[0] for t in tokens])

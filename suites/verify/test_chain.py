@@ -5,7 +5,7 @@ array byte, every offset), on attention-only and hybrid recurrent models, on
 every backend: it is that very forward.
 
 Except on a sliding-window ring (RotatingKVCache): there a chain is laid
-out as classic decoding's one-token steps see the ring (README, "Verify"),
+out as classic decoding's one-token steps see the ring (docs/verify.md#sliding-window-rings),
 so its rows are those steps' (bit for bit where the backend is exact,
 within its envelope elsewhere), not mlx-lm's multi-token forward's, which
 puts a wrapped ring in time order."""

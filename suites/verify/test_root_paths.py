@@ -9,7 +9,7 @@ On a sliding-window ring (RotatingKVCache) the reference is classic
 decoding's one-token steps over the root path (suites/verify/helpers.py,
 ``treespec.audit.states.classic``): a one-token step sees a wrapped ring's
 keys in slot order, a multi-token forward in time order, and the verify
-lays the ring out as the one-token steps see it (README, "Verify").
+lays the ring out as the one-token steps see it (docs/verify.md#sliding-window-rings).
 ``test_the_root_row_is_the_one_token_step_at_every_ring_rotation`` pins
 that, and that a time-ordered forward would be caught.
 """

@@ -56,7 +56,7 @@ def check_probe(s: Subject) -> List[Check]:
     single-token steps over its root path, the way classic decoding computes
     it) over the e2e drafters' shapes, with the adapter under audit. On a
     sliding window the probe's context wraps the ring: the verify lays the
-    ring out as the one-token steps see it (README, "Verify"), so there too
+    ring out as the one-token steps see it (docs/verify.md#sliding-window-rings), so there too
     any difference is the backend's (within its envelope) or a FAIL."""
     the_adapter(s)
     shapes = probe_shapes(s.options.block)

@@ -166,7 +166,7 @@ def classic(model, cache, tokens) -> mx.array:
     cache is a sliding-window ring (RotatingKVCache), one-token steps, as
     classic decoding computes them (a multi-token forward would put a wrapped
     ring in time order first, which neither classic decoding nor a tree
-    verify does: README, "Verify"); elsewhere one plain forward."""
+    verify does: docs/verify.md#sliding-window-rings); elsewhere one plain forward."""
     if not any(isinstance(c, RotatingKVCache) for _, c in leaves(cache)):
         return plain(model, cache, tokens)
     out = mx.concatenate([model(mx.array([[t]]), cache=cache)[0] for t in tokens])

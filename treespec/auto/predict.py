@@ -338,7 +338,7 @@ def runoff_finalists(ranked: Sequence[Candidate], choice: Candidate,
     candidate of each group (classic, chains, trees) none of those belongs
     to, if predicted within ``floor`` of the choice. A prediction can be off
     by more than the run-off's window (on a host whose pace drifts between
-    the calibration's runs: README, "auto on the H200"), so the best of each
+    the calibration's runs: results/h200-scaled/README.md), so the best of each
     group is measured rather than ruled out by its prediction alone; it is
     added, not put in place of a candidate of the window. ``eligible(c)``
     (the exactness probe) is asked only of candidates considered, once each."""

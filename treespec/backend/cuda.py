@@ -6,7 +6,7 @@ graph that it builds on the host and caches (LRU, 256 entries unless
 under the kv length. A speculative round's multi-token forwards (the verify,
 the drafter's catch-up) meet a kv length no earlier round met, so every round
 builds graphs: on the H200 that made speculative rounds several times slower
-per token than without cuDNN attention (README, "On the H200";
+per token than without cuDNN attention (docs/numerics.md#tf32-and-cudnn-attention-on-cuda;
 ``scripts/sdpa_cache_probe.py`` measures it). Repeating the same lengths hides
 it, which is what a benchmark that reruns one prompt measures.
 ``MLX_CUDA_USE_CUDNN_SDPA=0`` sends those forwards to MLX's own kernels; MLX
@@ -25,7 +25,7 @@ import mlx.core as mx
 CUDNN_SDPA = "MLX_CUDA_USE_CUDNN_SDPA"
 WHY = ("cuDNN attention builds a graph for every kv length a multi-token forward meets, and a "
        "speculative round meets a new one every round (on the H200 it made chain rounds several "
-       "times slower per token; README, 'On the H200')")
+       "times slower per token; docs/numerics.md#tf32-and-cudnn-attention-on-cuda)")
 
 
 class CudnnAttentionWarning(RuntimeWarning):

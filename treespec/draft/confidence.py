@@ -35,7 +35,7 @@ set changes neither the kept set nor, creation order being kept, any tie. A
 budget-4 tree of width 4 feeds 3, 2 and 1 nodes past the root instead of 4,
 4 and 4 (fewer tokens per draft forward, where a forward's cost grows with
 its tokens) and ranks 4, 3, 2 and 1 children per node of depth 0 to 3
-instead of 4 each (README, "Tree rounds against chain rounds", has the
+instead of 4 each (docs/drafting.md#what-a-tree-round-costs has the
 measured drafting cost).
 
 ``depth`` defaults to the budget (the deepest a budget-node tree can reach),

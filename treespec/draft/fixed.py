@@ -12,7 +12,7 @@ tree injection, or, with ``batch_levels``, as batch rows of one token each
 over the draft caches forked per row (``_Plan.rows``). Off by default: on
 this project's CPU a batch level reads the history once per row, and costs
 1.8x a one-token level at 2048 tokens of context against the injected
-level's 1.3x (README, "Wide drafting levels as batch rows").
+level's 1.3x (docs/drafting.md#wide-levels-as-batch-rows).
 """
 
 from collections import Counter

@@ -3,7 +3,7 @@ gives the same bytes as the single-token chain it stands for.
 
 Byte identity is not a property of the algorithm: it depends on which kernel
 the backend picks for each sequence length M (a tree changes M every round),
-on the dtype, the quantization and the BLAS (README, "The exactness gate",
+on the dtype, the quantization and the BLAS (docs/gate.md#where-it-declines
 has the measured table: bit-identical on the CPU's reference BLAS, not under
 OpenBLAS in float32, not on the H200 in any dtype). So the gate measures
 instead of assuming.

@@ -4,7 +4,7 @@ is judged with (re-exported here: ``numerics.judge``, ``numerics.Verdict``).
 
 One forward over M tokens gives logits bit-identical to M single-token steps
 on MLX's CPU reference BLAS only; under OpenBLAS (float32) and on CUDA the
-kernels sum in an order that depends on M (README, "The exactness gate").
+kernels sum in an order that depends on M (docs/gate.md#where-it-declines).
 There a tree node and a plain forward over its root path, two forwards of
 different widths, cannot be compared bit for bit; this module measures how
 far apart forwards of different widths are on this backend.

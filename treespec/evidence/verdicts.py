@@ -35,7 +35,7 @@ __all__ = ["BIT_EXACT", "DECLINED", "Envelope", "FAIL", "INCONCLUSIVE", "SAFETY"
            "tree_path_verdict", "unsound", "widths_of", "worst"]
 
 TRIANGLE = 2.0  # two forwards, each within E of the single steps
-SAFETY = 4.0  # E is a sample maximum; measured: other inputs reach up to 7.4 E (README)
+SAFETY = 4.0  # E is a sample maximum; measured: other inputs reach up to 7.4 E (docs/numerics.md#the-pass-rule)
 SEPARATION = 10.0  # how far beyond the bound every negative control must land
 
 BIT_EXACT, WITHIN, DECLINED, INCONCLUSIVE, FAIL = (

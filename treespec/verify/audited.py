@@ -20,7 +20,7 @@ __all__ = ["AUDITED", "MLX_LM", "audit_record"]
 MLX_LM = "0.32.2"
 
 # mlx_lm.models.<name> of every Model class the sweep verified (its results
-# table is in README.md, "Families").
+# table is in docs/families.md#the-table).
 AUDITED = frozenset({
     "mlx_lm.models.Klear",
     "mlx_lm.models.afm7",
