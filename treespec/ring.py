@@ -24,7 +24,7 @@ slots classic decoding would have written.
 stored rows it keeps (``rows``, in slot order), the slot it writes
 (``idx``), how many slots hold keys (``filled``) and which position each
 holds. It mirrors ``RotatingKVCache._update_in_place`` (grow, trim, rotate
-to ``keep``) exactly; suites/rollback/test_ring.py checks it against that
+to ``keep``) exactly; suites/ring/test_ring.py checks it against that
 method step by step.
 """
 

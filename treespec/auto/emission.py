@@ -2,7 +2,7 @@
 target's own text: one teacher-forced forward of the draft model instead of
 one decode per shape.
 
-Under greedy decoding every round commits the target's text (contract 10),
+Under greedy decoding every round commits the target's text (contract 9, docs/contracts.md#contract-9-greedy-text-equals-mlx_lm-generate),
 so the draft model only ever sees a prefix of that text, and the round that
 starts after ``p`` tokens accepts, at depth j, the child whose token is the
 target's token ``p + j``. Every top-k drafter makes a node's children its
