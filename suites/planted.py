@@ -100,7 +100,7 @@ def _rope_plus_one(mp):
 
 
 # -- the row gather of a commit (treespec.rows.gather_rows, as
-# rows.move_keys_values calls it for every attention cache mode) --------------
+# rows.gather_path calls it for every attention cache mode) --------------
 
 
 def _stale_gather(mp):

@@ -17,7 +17,7 @@ from .errors import OptionError
 from .evidence.gate import ADAPTER
 from .models import PositionWarning, position_check
 from .options import LIBRARY, DecodeOptions, KVOptions, check_prompt
-from .rounds import MODES, classic, greedy, speculative
+from .rounds import MODES, Loop, classic, greedy, speculative
 from .sampling import decode_sampled
 from .stats import Result
 
@@ -87,7 +87,7 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
     draft model (default ``treespec.verify.adapter_for``; the gate measures
     the target's, named ``adapter_name``); ``walk(tree, target_tokens)``: the
     greedy accept walk (default ``treespec.walk.tree_walk``); ``on_round``:
-    called with every round and its walk (treespec.rounds.speculative)."""
+    called with every round and its walk (treespec.rounds.Loop)."""
     options = DecodeOptions(
         mode=mode, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         min_p=min_p, seed=seed, block=block, branching=branching, parents=parents,
@@ -96,33 +96,27 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
         kv=KVOptions(max_kv_size, kv_bits, kv_group_size, quantized_kv_start),
         batch_levels=batch_levels)
     check(options, target, draft_model, len(prompt))
-    kv = options.kv
     if mode != "classic":
         warn_if_cudnn_attention()
-    loop = dict(adapter=adapter, adapter_name=adapter_name, draft_adapter=draft_adapter,
-                on_round=on_round)
+    # From here down one options value (what was asked, checked) and one
+    # Loop (how to run the rounds) travel, never the keywords one by one.
+    loop = Loop(eos_token_ids=eos_token_ids, gate=gate, adapter=adapter,
+                adapter_name=adapter_name, draft_adapter=draft_adapter, on_round=on_round,
+                walker=greedy(walk) if walk is not None else None)
     if options.sampled:
         if walk is not None:
             raise OptionError("walk= is the greedy accept walk; at temperature > 0 the "
                               "sampled rule decides (treespec.sampling)")
-        return decode_sampled(target, prompt, draft_model, temperature=temperature,
-                              top_k=top_k, top_p=top_p, min_p=min_p,
-                              seed=0 if seed is None else seed, mode=mode,
-                              block=options.resolved_block, branching=branching,
-                              parents=parents, max_tokens=max_tokens,
-                              eos_token_ids=eos_token_ids, drafter=drafter, gate=gate,
-                              allow_inexact=allow_inexact, kv=kv, **loop)
+        return decode_sampled(target, prompt, draft_model, options, loop, drafter=drafter)
     if mode == "classic":
-        return classic(target, prompt, max_tokens, eos_token_ids, kv=kv)
+        return classic(target, prompt, max_tokens, eos_token_ids, kv=options.kv)
     if drafter is None:
         drafter = make_drafter(mode, block=options.resolved_block, branching=branching,
                                parents=parents, budget=budget, width=options.resolved_width,
                                batch_levels=batch_levels)
     elif mode == "chain" and drafter.kind != "chain":
         raise OptionError(f"mode 'chain' got a {drafter.kind!r} drafter; ask for mode 'tree'")
-    return speculative(target, draft_model, prompt, max_tokens, drafter, eos_token_ids, mode,
-                       gate=gate, allow_inexact=allow_inexact,
-                       walker=greedy(walk) if walk is not None else None, kv=kv, **loop)
+    return speculative(target, draft_model, prompt, drafter, options, loop)
 
 
 def detokenize(tokenizer, tokens: Sequence[int]) -> str:

@@ -12,11 +12,12 @@ and mask then behaves as if the other branches had never been drafted.
         logits = verify(...)
     commit_path(cache, offset, path, tree, snapshot=snap, recurrent=rec)
 
-How each cache mode commits is its entry in ``treespec.caches``; this module
-validates the path, takes snapshots, records recurrent inputs and runs the
-per-mode plans. Every layer is validated before any cache is touched: a
-commit that cannot be exact raises ``RollbackRefused`` and leaves every cache
-as it was.
+How each cache mode commits is its entry in ``treespec.caches`` (its
+``plan_commit`` and ``apply``, one class per mode); this module validates the
+path, takes snapshots, records recurrent inputs and dispatches: every cache
+planned, the plans' reads evaluated together, every plan applied. Every layer
+is validated before any cache is touched: a commit that cannot be exact
+raises ``RollbackRefused`` and leaves every cache as it was.
 """
 
 import threading
@@ -28,7 +29,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from .caches import Entry, Tail, leaves, mode_of, plan_commit, refuse
+from .caches import Entry, Tail, apply, leaves, mode_of, plan_commit, refuse
 from .errors import RollbackRefused, TreeError
 from .mixers import Mixer, discover, get_slot, set_slot
 from .rows import Written
@@ -193,7 +194,7 @@ def capture_written(cache: List[Any]):
     from the capturing thread only, with the array objects the cache holds
     right after that update. A commit that moves rows reads
     them from these (``Tail.written``) instead of from the cache's buffer,
-    so it needs no evaluation before its writes (treespec.rows.move_keys_values),
+    so it needs no evaluation before its writes (treespec.rows.gather_path),
     but only while the cache still holds those very objects: model code that
     rebinds a cache's arrays after its update (deepseek_v32's indexer stores
     zeros as its values; ``mx.depends`` wrappers) makes the update's input
@@ -278,17 +279,11 @@ def commit_path(
             if c is not c0:
                 refuse(c, (i,), "the snapshot was taken of a different cache object")
         entries = snapshot.entries
-    if _trims(cache, tail, entries):
-        # An accepted prefix of the node order (every chain round, and every
-        # tree round that accepts first choices: the drafters lay trees out
-        # so) on plain KV caches: no row moves and the commit is mlx-lm's
-        # trim, with no evaluation at all (which on CUDA would synchronize).
-        for c in cache:
-            if c.keys is not None:  # one no forward writes stays empty (caches.plan_commit)
-                c.offset = tail.offset + tail.k
-        return tail.k
+    # Every cache validated and planned before any is written. A path that
+    # is a prefix of the node order on plain KV caches (every chain round,
+    # and every tree round accepting first choices) plans a trim
+    # (caches.kv.Appending.trim): nothing to read, no evaluation.
     plans = [plan_commit(c, (i,), tail, e, recurrent) for i, (c, e) in enumerate(zip(cache, entries))]
-    steps = [plan() for plan in plans]
     # Reads that alias a cache's buffer (rows not captured from the verify's
     # own update: other cache modes, a tree fed in parts) in one evaluation,
     # before any write: while such a read is pending, a slice update cannot
@@ -298,23 +293,9 @@ def commit_path(
     # next forward evaluates them, each in place (its buffer has no other
     # reader left), so a commit synchronizes once when such rows move and
     # not at all otherwise.
-    reads = [r for rows, _ in steps for r in rows]
+    reads = [r for plan in plans if plan is not None for r in plan.reads]
     if reads:
         mx.eval(reads)
-    for _, write in steps:
-        write()
+    for c, plan in zip(cache, plans):
+        apply(c, plan)
     return tail.k
-
-
-def _trims(cache, tail: Tail, entries) -> bool:
-    """Whether this commit is a trim: the path is a prefix of the node order
-    and every layer is a plain KVCache holding the tree's rows last, its
-    snapshot (if any) taken at the verify's offset: all ``plan_commit``
-    would check there, without building its plans. Anything else goes the
-    planned way (and is refused there with its reason)."""
-    if tail.first_moved != tail.k:
-        return False
-    end = tail.offset + tail.n
-    return all(type(c) is KVCache and c.keys is not None and c.offset == end
-               and (e is None or (e.cls is KVCache and e.offset == tail.offset))
-               for c, e in zip(cache, entries))

@@ -4,16 +4,18 @@ speculative round loop,
     draft a tree -> one target forward over it -> walk -> commit both caches
 
 with the exactness gate in front of it. Everything the loop uses is a
-parameter: the drafter, the target's tree ``adapter``, the ``walk`` that
-decides what the target accepts (greedy here, the sampled rule in
-treespec.sampling), the ``readout`` of the verify logits and the classic
-``fallback`` the gate declines to. ``treespec.decoding.decode`` is the entry
-point that builds them from options.
+parameter: the drafter, what was asked (treespec.options.DecodeOptions) and
+how to run it, one :class:`Loop` value: the target's tree ``adapter``, the
+``walker`` that decides what the target accepts (greedy here, the sampled
+rule in treespec.sampling), the ``readout`` of the verify logits and the
+classic ``fallback`` the gate declines to. ``treespec.decoding.decode`` is
+the entry point that builds them from its keyword arguments, once.
 """
 
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
@@ -23,7 +25,7 @@ from .checks import token_ids
 from .draft import Drafter, Round
 from .evidence.gate import decide
 from .models import PREFILL_STEP, prefill, vocab_size
-from .options import KVOptions
+from .options import DecodeOptions, KVOptions
 from .stats import Result, Stats, clip, eos_set
 from .verify import adapter_for
 from .walk import Walk, tree_walk
@@ -117,68 +119,91 @@ def greedy(walk: Callable = tree_walk) -> Callable:
     return lambda rnd, targets: walk(rnd.tree, targets.tolist())
 
 
-def speculative(target, draft_model, prompt: Sequence[int], max_tokens: int,
-                drafter: Drafter, eos_token_ids=None, mode: str = "tree", *,
-                gate: bool = True, allow_inexact: bool = False,
-                adapter=None, adapter_name: str = "treespec.verify.adapter_for",
-                draft_adapter=None, walker: Optional[Callable] = None,
-                readout: Callable = greedy_readout, fallback: Optional[Callable] = None,
-                requested: Optional[dict] = None,
-                on_round: Optional[Callable[[Round, Walk], None]] = None,
-                kv: KVOptions = kv_caches.DEFAULT) -> Result:
+@dataclass(frozen=True)
+class Loop:
+    """How the round loop runs, as one value: everything ``speculative``
+    reads besides the pair, the prompt, the drafter and what was asked
+    (treespec.options.DecodeOptions: mode, max_tokens, allow_inexact, kv).
+    Frozen: a decode builds it once (treespec.decoding.decode, or
+    treespec.sampling for its own walker) and a layer that changes a piece
+    passes ``dataclasses.replace`` of it on, so no layer sees another's edit.
+
+    ``adapter``: the target's tree adapter (None: ``adapter_for(target)``;
+    the gate measures the same one, named ``adapter_name`` in its key);
+    ``draft_adapter``: the draft model's (None: ``adapter_for``);
+    ``walker(round, readout(logits)) -> Walk`` decides what the target
+    accepts (None: the greedy ``tree_walk``); ``fallback()`` is the classic
+    decode the gate declines to (None: greedy ``classic``); ``requested``:
+    the run's request in its Stats (None: the drafter's ``describe()``);
+    ``on_round(round, walk)`` sees every round after its commit."""
+
+    eos_token_ids: Optional[Sequence[int]] = None
+    gate: bool = True
+    adapter: Any = None
+    adapter_name: str = "treespec.verify.adapter_for"
+    draft_adapter: Any = None
+    walker: Optional[Callable] = None
+    readout: Callable = greedy_readout
+    fallback: Optional[Callable[[], Result]] = None
+    requested: Optional[dict] = None
+    on_round: Optional[Callable[[Round, Walk], None]] = None
+
+
+def speculative(target, draft_model, prompt: Sequence[int], drafter: Drafter,
+                options: DecodeOptions, loop: Loop = Loop()) -> Result:
     """The round loop. The target's cache, like the drafter's, holds the
     committed text except the root between rounds.
 
-    ``adapter``: the target's tree adapter (default ``adapter_for(target)``;
-    the gate measures the same one, named ``adapter_name`` in its key);
-    ``draft_adapter``: the draft model's (default ``adapter_for``);
-    ``walker(round, readout(logits)) -> Walk`` decides what the target
-    accepts (default: the greedy ``tree_walk``); ``fallback()`` is the
-    classic decode the gate declines to; ``on_round(round, walk)`` sees every
-    round after its commit; ``kv``: mlx-lm's KV cache options, for both
-    models' caches (treespec.kv_options: rounds are cut to end where classic
-    decoding starts to quantize)."""
+    ``options``: what was asked; the loop reads its ``mode`` (the Stats'
+    label), ``max_tokens``, ``allow_inexact`` (the gate's) and ``kv``
+    (mlx-lm's KV cache options, for both models' caches; treespec.kv_options:
+    rounds are cut to end where classic decoding starts to quantize).
+    ``loop``: how to run it (:class:`Loop`)."""
     prompt = prompt_ids(target, prompt)
     same_vocabulary(target, draft_model)
-    adapter = adapter if adapter is not None else adapter_for(target)
-    walker = walker if walker is not None else greedy()
-    stats = Stats(mode, requested=requested or drafter.describe())
-    note = getattr(adapter, "note", None)  # a model without an audit record says so
+    max_tokens, kv = options.max_tokens, options.kv
+    # Resolved once: _rounds reads a loop whose adapter and walker are set.
+    adapter = loop.adapter if loop.adapter is not None else adapter_for(target)
+    loop = replace(loop, adapter=adapter, walker=loop.walker if loop.walker is not None else greedy())
+    stats = Stats(options.mode, requested=loop.requested or drafter.describe())
+    note = getattr(loop.adapter, "note", None)  # a model without an audit record says so
     if note:
         stats.notes.append(note)
-    if gate:
+    if loop.gate:
         # A round never verifies more than max_tokens nodes (its drafts are
         # cut to what is left to emit), so larger shapes are not probed.
         decision, stats.gate = gate_decision(target, drafter.probe_shapes(max_tokens - 1), kv,
-                                             len(prompt), max_tokens, allow_inexact, adapter,
-                                             adapter_name)
+                                             len(prompt), max_tokens, options.allow_inexact,
+                                             loop.adapter, loop.adapter_name)
         if not decision.exact:
             _warn_once(decision)
             stats.notes.append(decision.reason)
         if not decision.run:
-            result = (fallback or (lambda: classic(target, prompt, max_tokens, eos_token_ids,
-                                                   kv=kv)))()
+            result = (loop.fallback or (lambda: classic(target, prompt, max_tokens,
+                                                        loop.eos_token_ids, kv=kv)))()
             result.stats.requested, result.stats.gate = stats.requested, stats.gate
             result.stats.notes = stats.notes
-            result.stats.mode = f"classic (declined {mode})"
+            result.stats.mode = f"classic (declined {options.mode})"
             return result
     # On mlx-lm's generation stream, as its speculative_generate_step runs.
     with mx.stream(generation_stream):
-        out = _rounds(target, draft_model, prompt, max_tokens, drafter, eos_set(eos_token_ids),
-                      adapter, draft_adapter, walker, readout, on_round, stats, kv)
+        out = _rounds(target, draft_model, prompt, drafter, options, loop, stats)
     return Result(out, stats)
 
 
-def _rounds(target, draft_model, prompt, max_tokens, drafter, eos, adapter, draft_adapter,
-            walker, readout, on_round, stats, kv: KVOptions) -> list:
-    """Prefill, then draft -> verify -> walk -> commit until max_tokens or EOS."""
+def _rounds(target, draft_model, prompt, drafter: Drafter, options: DecodeOptions, loop: Loop,
+            stats: Stats) -> list:
+    """Prefill, then draft -> verify -> walk -> commit until max_tokens or EOS.
+    ``loop`` is resolved (its adapter and walker set: ``speculative``)."""
+    max_tokens, kv, eos = options.max_tokens, options.kv, eos_set(loop.eos_token_ids)
+    adapter, walker, readout, on_round = loop.adapter, loop.walker, loop.readout, loop.on_round
     out = []
     clock = time.perf_counter
     t0 = clock()
     cache = kv_caches.make_cache(target, kv)
     quantize = kv_caches.quantizer(kv)
     prefill(target, cache, prompt[:-1], PREFILL_STEP, after=quantize)
-    drafter.start(draft_model, prompt[:-1], PREFILL_STEP, adapter=draft_adapter, kv=kv)
+    drafter.start(draft_model, prompt[:-1], PREFILL_STEP, adapter=loop.draft_adapter, kv=kv)
     stats.time_ms["prefill"] = (clock() - t0) * 1e3
     root = prompt[-1]
     while len(out) < max_tokens:

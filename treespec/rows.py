@@ -105,27 +105,41 @@ def place_rows(x, rows: list, start: int, tail: Tail, owned: bool = True):
     return type(x)(arrays) if isinstance(x, (tuple, list)) else arrays[0]
 
 
-def move_keys_values(c, start: int, tail: Tail, owned: bool = True):
-    """``(reads, place)`` for the keys and values of an attention cache:
-    ``reads``, the rows to move that alias the cache's own arrays (lazy: the
-    caller evaluates them before any write, else a write could not reuse the
-    buffer and would copy it whole), and ``place()`` -> (keys, values) with the
-    path's rows at ``start ..``. Where the verify's one update of this cache
-    was captured (``tail.written``) and the cache holds what that update
-    left (no model code rebound its arrays since), the rows are read from
-    what it wrote: nothing aliases the buffer, nothing needs evaluating
-    first, and the writes take the buffer in place when the next forward
-    evaluates them."""
+class Moved(NamedTuple):
+    """The accepted path's rows of one attention cache, read (lazily) but not
+    yet placed: :func:`gather_path` reads them, :meth:`place` writes them.
+    Between the two, the commit evaluates every layer's ``reads`` at once
+    (treespec.rollback.commit_path)."""
+
+    keys: list  # the moved key rows: one array, or those of a quantized (packed, scales, biases)
+    values: list
+    start: int  # the stored row of the path's root: row i of the path goes to start + i
+    owned: bool  # the cache allocated its arrays: the rows are written into them in place
+    tail: Tail
+    # Those of ``keys`` and ``values`` that alias the cache's own arrays: to
+    # be evaluated before any write, else a write could not reuse the buffer
+    # and would copy it whole. Empty when read from what the verify wrote.
+    reads: tuple
+
+    def place(self, c):
+        """(keys, values) of ``c`` with the path's rows at ``start ..``."""
+        return (place_rows(c.keys, self.keys, self.start, self.tail, self.owned),
+                place_rows(c.values, self.values, self.start, self.tail, self.owned))
+
+
+def gather_path(c, start: int, tail: Tail, owned: bool = True) -> Moved:
+    """The rows of the path that move, for the keys and values of an
+    attention cache whose path root is stored at row ``start``. Where the
+    verify's one update of this cache was captured (``tail.written``) and the
+    cache holds what that update left (no model code rebound its arrays
+    since), the rows are read from what it wrote: nothing aliases the
+    buffer, nothing needs evaluating first, and the writes take the buffer
+    in place when the next forward evaluates them. Else they are read from
+    the cache's arrays, and listed in ``reads``."""
     src = tail.written.get(id(c))
     if owned and src is not None and src.holds(c) and src.keys.shape[2] == tail.n:
-        rows = gather_rows(src.keys, 0, tail, view=True), gather_rows(src.values, 0, tail, view=True)
-        reads = []
-    else:
-        rows = gather_rows(c.keys, start, tail), gather_rows(c.values, start, tail)
-        reads = rows[0] + rows[1]
-
-    def place():
-        return (place_rows(c.keys, rows[0], start, tail, owned),
-                place_rows(c.values, rows[1], start, tail, owned))
-
-    return reads, place
+        keys = gather_rows(src.keys, 0, tail, view=True)
+        values = gather_rows(src.values, 0, tail, view=True)
+        return Moved(keys, values, start, owned, tail, ())
+    keys, values = gather_rows(c.keys, start, tail), gather_rows(c.values, start, tail)
+    return Moved(keys, values, start, owned, tail, tuple(keys + values))

@@ -33,7 +33,7 @@ frequency penalties, logit bias) and XTC; temperature 0 is greedy decoding,
 which is ``treespec.decoding.decode``.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import mlx.core as mx
@@ -43,8 +43,8 @@ from .checks import integer
 from .draft import DraftRound, FixedTreeDrafter
 from .errors import SamplingRefused
 from .kv_options import DEFAULT as DEFAULT_KV
-from .options import KVOptions
-from .rounds import MODES, classic, speculative
+from .options import DecodeOptions, KVOptions
+from .rounds import MODES, Loop, classic, speculative
 from .sampling_rule import (
     SamplingParams,
     refuse_logits_processors,
@@ -218,56 +218,64 @@ def classic_sampled(target, prompt: Sequence[int], max_tokens: int, params: Samp
                    requested={"sampling": params.describe(), "seed": seed}, kv=kv)
 
 
-def speculative_sampled(target, draft_model, prompt: Sequence[int], max_tokens: int,
-                        drafter: SampledTreeDrafter, params: SamplingParams, seed: int = 0,
-                        eos_token_ids=None, mode: str = "tree", gate: bool = True,
-                        allow_inexact: bool = False, kv: KVOptions = DEFAULT_KV,
-                        **loop) -> Result:
-    """rounds.speculative's round loop with the sampled walk (``loop``: its
-    adapter=, draft_adapter=, adapter_name=, on_round=):
+def _seed(options: DecodeOptions) -> int:
+    """The run's seed: ``options.seed``, 0 when not given."""
+    return 0 if options.seed is None else options.seed
+
+
+def speculative_sampled(target, draft_model, prompt: Sequence[int], drafter: SampledTreeDrafter,
+                        params: SamplingParams, options: DecodeOptions,
+                        loop: Loop = Loop()) -> Result:
+    """rounds.speculative's round loop with the sampled walk (``options``:
+    what was asked, its seed among it; ``loop``: how to run it, whose
+    walker, readout, fallback and requested this replaces):
 
         draft (sampled) -> one target forward -> p per node -> sampled walk
         -> commit both caches
     """
+    seed = _seed(options)
     draft_rng, verify_rng = streams(seed)
     drafter.bind(params, draft_rng)
 
     def walker(rnd, logits):
         return sampled_walk(rnd.tree, params.probs(logits), rnd.q, verify_rng)
 
-    return speculative(
-        target, draft_model, prompt, max_tokens, drafter, eos_token_ids, mode,
-        gate=gate, allow_inexact=allow_inexact, walker=walker, readout=lambda logits: logits,
-        fallback=lambda: classic_sampled(target, prompt, max_tokens, params, seed, eos_token_ids,
-                                         kv),
-        requested={**drafter.describe(), "seed": seed}, kv=kv, **loop)
+    max_tokens, eos, kv = options.max_tokens, loop.eos_token_ids, options.kv
+    return speculative(target, draft_model, prompt, drafter, options, replace(
+        loop, walker=walker, readout=lambda logits: logits,
+        fallback=lambda: classic_sampled(target, prompt, max_tokens, params, seed, eos, kv),
+        requested={**drafter.describe(), "seed": seed}))
 
 
-def decode_sampled(target, prompt: Sequence[int], draft_model=None, *, temperature: float,
-                   top_k: int = 0, top_p: float = 0.0, min_p: float = 0.0,
-                   min_tokens_to_keep: int = 1, seed: int = 0, mode: str = "chain",
-                   block: int = 4, branching=None, parents=None, max_tokens: int = 64,
-                   eos_token_ids=None, drafter: Optional[SampledTreeDrafter] = None,
-                   logits_processors=None, gate: bool = True,
-                   allow_inexact: bool = False, kv: KVOptions = DEFAULT_KV, **loop) -> Result:
-    """Sampled decoding, one entry point: ``classic`` (plain sampling),
-    ``chain`` (a chain of ``block - 1`` sampled drafts) or ``tree`` (a
-    fixed topology, ``branching`` per level or explicit ``parents``,
-    default DEFAULT_BRANCHING). The emitted text has the law of mlx-lm's
+def decode_sampled(target, prompt: Sequence[int], draft_model, options: DecodeOptions,
+                   loop: Loop = Loop(), *, drafter: Optional[SampledTreeDrafter] = None,
+                   logits_processors=None, min_tokens_to_keep: int = 1) -> Result:
+    """Sampled decoding, one entry point, for what ``options`` asks
+    (unchecked here: treespec.decoding.decode checks them): ``classic``
+    (plain sampling), ``chain`` (a chain of ``block - 1`` sampled drafts,
+    block default 4) or ``tree`` (a fixed topology, ``branching`` per level
+    or explicit ``parents``, default DEFAULT_BRANCHING), unless ``drafter``
+    is given. The emitted text has the law of mlx-lm's
     ``make_sampler(temperature, top_p, min_p, min_tokens_to_keep, top_k)``
-    on the target; the run is reproducible from ``seed``."""
+    on the target; the run is reproducible from ``options.seed`` (None: 0).
+    ``loop``: how to run the rounds (treespec.rounds.Loop: eos_token_ids,
+    gate, adapters, on_round)."""
     refuse_logits_processors(logits_processors)
-    params = SamplingParams(temperature, top_k, top_p, min_p, min_tokens_to_keep)
+    params = SamplingParams(options.temperature, options.top_k, options.top_p, options.min_p,
+                            min_tokens_to_keep)
+    mode, max_tokens = options.mode, options.max_tokens
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if mode == "classic":
-        return classic_sampled(target, prompt, max_tokens, params, seed, eos_token_ids, kv)
+        return classic_sampled(target, prompt, max_tokens, params, _seed(options),
+                               loop.eos_token_ids, options.kv)
     if draft_model is None:
         raise ValueError(f"mode {mode!r} needs a draft model")
     if drafter is None:
-        drafter = make_sampled_drafter(mode, block=block, branching=branching, parents=parents)
+        drafter = make_sampled_drafter(mode, block=options.resolved_block,
+                                       branching=options.branching, parents=options.parents)
     elif not isinstance(drafter, SampledTreeDrafter):
         raise ValueError(
             f"sampled decoding needs a sampled drafter (SampledChainDrafter / "
@@ -275,6 +283,4 @@ def decode_sampled(target, prompt: Sequence[int], draft_model=None, *, temperatu
             "carry no draft distribution to verify against")
     elif mode == "chain" and not isinstance(drafter, SampledChainDrafter):
         raise ValueError(f"mode 'chain' got a {drafter.kind!r} drafter; ask for mode 'tree'")
-    return speculative_sampled(target, draft_model, prompt, max_tokens, drafter, params, seed,
-                               eos_token_ids, mode, gate=gate, allow_inexact=allow_inexact,
-                               kv=kv, **loop)
+    return speculative_sampled(target, draft_model, prompt, drafter, params, options, loop)

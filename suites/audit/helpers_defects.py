@@ -14,7 +14,7 @@ from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 from treespec.caches import rotating_kept
 from treespec.evidence.numerics import FlatRecurrence
 from treespec.verify import TreeAdapter, adapter_for
-from treespec.verify.attention import tree_injected
+from treespec.verify.attention import Sites, tree_injected
 from treespec.walk import Walk, tree_walk
 
 
@@ -42,7 +42,7 @@ class CausalMask(TreeAdapter):
         def mask(c, N, w):
             return plans[id(c)].mask(w) if id(c) in plans else _causal(c, N, w)
 
-        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+        return tree_injected(self.model, cache, tree, Sites(self.family.rope_attr, owners), start,
                              plans=plans, ropes=ropes, mask_fn=mask)
 
 
@@ -51,7 +51,7 @@ class FlatPositions(TreeAdapter):
     not ``offset + depth`` (contract 5); the tree mask is right."""
 
     def injection(self, cache, tree, owners, start, plans=None, ropes=True):
-        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+        return tree_injected(self.model, cache, tree, Sites(self.family.rope_attr, owners), start,
                              plans=plans, ropes=ropes, depths=np.arange(len(tree) - start))
 
 
@@ -60,7 +60,7 @@ class ShiftedPositions(TreeAdapter):
     chain is a plain forward, given the model's own positions)."""
 
     def injection(self, cache, tree, owners, start, plans=None, ropes=True):
-        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+        return tree_injected(self.model, cache, tree, Sites(self.family.rope_attr, owners), start,
                              plans=plans, ropes=ropes, depths=tree.depths()[start:] - start + 1)
 
 

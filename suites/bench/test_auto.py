@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from suites.helpers_numerics import EXACT_REGIMES
-from treespec.auto.choose import choose
+from treespec.auto.choose import ChooseOptions, choose
 from treespec.auto.calibrate import CALIBRATION_PROMPTS
 from treespec.backend.blas import regime
 from treespec.checkpoints import load_default_pair
@@ -293,7 +293,8 @@ def test_decode_kwargs_of_each_kind():
 @pytest.mark.slow
 def test_choose_on_the_trained_pair_returns_a_decodable_choice_with_its_reasons():
     target, draft, tok = load_default_pair()
-    c = choose(target, draft, tokenizer=tok, max_block=3, max_tokens=8, repeats=1)
+    c = choose(target, draft, options=ChooseOptions(max_block=3, max_tokens=8, repeats=1),
+               tokenizer=tok)
     assert set(c) >= {"mode", "block", "budget", "branching", "width", "reason", "predicted"}
     assert c["mode"] in ("classic", "chain", "tree")
     assert c["reason"].startswith("predicted ")
@@ -318,8 +319,10 @@ def test_a_spine_auto_never_ran_is_predicted_to_emit_what_decoding_it_emits():
         pytest.skip(f"inconclusive on {regime()}: the replay equals the round loop only where "
                     "the draft's forwards over the whole text equal its incremental ones")
     target, draft, tok = load_default_pair()
-    c = choose(target, draft, tokenizer=tok, max_block=4, max_tokens=16, repeats=1,
-               trees=[[-1, 0, 0, 1, 1]])  # depth 2 given: timed, not replayed
+    c = choose(target, draft, options=ChooseOptions(
+        max_block=4, max_tokens=16, repeats=1,
+        trees=[[-1, 0, 0, 1, 1]]),  # depth 2 given: timed, not replayed
+        tokenizer=tok)
     cands = {p["name"]: p for p in c["details"]["candidates"]}
     assert cands["fixed p[-1,0,0,1,1]"]["source"] == "measured"
     spine3 = [-1, 0, 0, 1, 1, 3, 3]

@@ -153,8 +153,8 @@ def staged_decide(model, shapes, allow_inexact=False):
 
 @pytest.fixture(scope="module")
 def staged():
-    return B.bench(None, None, [[0], [1]], staged_configs(), max_tokens=4, repeats=3,
-                   decide=staged_decide)
+    return B.bench(None, None, [[0], [1]], staged_configs(),
+                   B.BenchOptions(max_tokens=4, repeats=3), decide=staged_decide)
 
 
 def test_a_failing_probe_prints_no_figure_only_its_reason(staged):
@@ -215,7 +215,7 @@ def test_auto_is_set_against_the_best_row_and_its_choice_against_its_own_row():
                B.Config("chain b=5", "chain", block=5, budget=4, runner=paced(walls["chain b=5"]),
                         shapes=[(-1, 0, 1)]),
                auto]
-    report = B.bench(None, None, [[0], [1]], configs, max_tokens=4, repeats=3,
+    report = B.bench(None, None, [[0], [1]], configs, B.BenchOptions(max_tokens=4, repeats=3),
                      decide=staged_decide)
     row = next(r for r in report["rows"] if r["kind"] == "auto")
 
@@ -253,8 +253,9 @@ def allowing_decide(model, shapes, allow_inexact=False):
 
 
 def test_allow_inexact_times_past_a_failed_check_and_labels_the_figure():
-    report = B.bench(None, None, [[0], [1]], staged_configs(), max_tokens=4, repeats=2,
-                     decide=allowing_decide, allow_inexact=True)
+    report = B.bench(None, None, [[0], [1]], staged_configs(),
+                     B.BenchOptions(max_tokens=4, repeats=2, allow_inexact=True),
+                     decide=allowing_decide)
     rows = {r["name"]: r for r in report["rows"]}
     assert rows["conf n=2"]["checks"] == "INEXACT:t" and rows["conf n=2"]["tok_s"] > 0
     assert "token 2" in rows["conf n=2"]["text_diff"]
@@ -294,8 +295,9 @@ def clocked(max_seconds, repeats=3):
     configs = staged_configs()
     for c in configs:
         c.runner = clock.runner(c.runner, c.name)
-    report = B.bench(None, None, [[0], [1]], configs, max_tokens=4, repeats=repeats,
-                     decide=clock.decide, max_seconds=max_seconds, clock=clock)
+    report = B.bench(None, None, [[0], [1]], configs,
+                     B.BenchOptions(max_tokens=4, repeats=repeats, max_seconds=max_seconds),
+                     decide=clock.decide, clock=clock)
     return report, clock, {r["name"]: r for r in report["rows"]}
 
 
@@ -332,7 +334,8 @@ def test_max_seconds_stops_between_repeats_and_says_how_many_ran():
 def test_classic_must_come_first():
     configs = staged_configs()
     with pytest.raises(ValueError, match="classic"):
-        B.bench(None, None, [[0]], configs[1:], max_tokens=4, repeats=1, decide=staged_decide)
+        B.bench(None, None, [[0]], configs[1:], B.BenchOptions(max_tokens=4, repeats=1),
+                decide=staged_decide)
 
 
 def test_plots_are_written(tmp_path, staged):
@@ -348,7 +351,8 @@ def test_plots_are_written(tmp_path, staged):
 def test_plots_of_a_run_where_every_speculative_row_is_gated_say_so(tmp_path):
     pytest.importorskip("matplotlib")
     configs = [c for c in staged_configs() if c.name in ("classic", "fixed [9]")]
-    report = B.bench(None, None, [[0]], configs, max_tokens=4, repeats=1, decide=staged_decide)
+    report = B.bench(None, None, [[0]], configs, B.BenchOptions(max_tokens=4, repeats=1),
+                     decide=staged_decide)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # matplotlib warns of a legend with nothing in it
         written = R.write_plots(report, tmp_path, None)
@@ -387,8 +391,9 @@ def test_a_small_bench_on_the_trained_pair_passes_every_check(pair):
     target, draft, tok = pair
     configs = B.build_configs([3], [(2, 1), (-1, 0, 0, 1, 1)], batch_levels=True)
     prompts = [tok.encode(B.PROMPTS[0])]
-    report = B.bench(target, draft, prompts, configs, max_tokens=10, repeats=1,
-                     eos=list(tok.eos_token_ids), warmup_tokens=2)
+    report = B.bench(target, draft, prompts, configs,
+                     B.BenchOptions(max_tokens=10, repeats=1, eos=list(tok.eos_token_ids),
+                                    warmup_tokens=2))
     rows = {r["name"]: r for r in report["rows"]}
     assert set(rows) == {"classic", "chain b=3", "fixed [2,1]", "fixed [2,1] rows",
                          "fixed p[-1,0,0,1,1]", "conf n=2", "mlx-lm b=3"}

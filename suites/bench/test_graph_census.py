@@ -1,4 +1,4 @@
-"""treespec.bench.graph_census: the primitive counts the measurement scripts and the
+"""treespec.bench.graph_census: the primitive counts the benchmarks and the
 op-pinning tests read, against graphs whose ops are known by construction."""
 
 from collections import Counter

@@ -6,8 +6,7 @@ each a tiny seeded model of mlx-lm's own classes (helpers_configs) verified
 through ``adapter_for`` against mlx-lm's own forwards over root paths, from a
 history inside and one past every window, then committed and decoded on
 (suites/families/helpers says what is compared and the one documented
-difference). Its line, printed at the end of the run, is the README's table
-("Families"). The expected refusals and the audit record
+difference). Its line, printed at the end of the run, is a row of docs/families.md#the-table. The expected refusals and the audit record
 (treespec.verify.audited) are pinned here: a family that starts or stops
 verifying fails until both are updated.
 """
@@ -28,11 +27,12 @@ from treespec.backend.blas import regime
 from suites.families.helpers_configs import config
 from suites.hybrid.helpers import Flattened
 from treespec.verify import TreeAdapter, adapter_for, tree_injected
+from treespec.verify.attention import Sites
 from treespec.verify.audited import AUDITED
 
 pytestmark = pytest.mark.exactness
 
-# Refused, and the words the refusal must say (README, "Families": why).
+# Refused, and the words the refusal must say (docs/families.md#refused-and-why: why).
 REFUSED = {
     "baichuan_m1": "an attention that keeps a recurrent state of its own",
     "deepseek_v41": "LayerCache is not a cache mode treespec knows",
@@ -134,8 +134,9 @@ class FlattenedScale(TreeAdapter):
     flattened index (no re-indexing by depth)."""
 
     def injection(self, cache, tree, owners, start, plans=None, ropes=True):
-        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
-                             positions=[], plans=plans, ropes=ropes)
+        return tree_injected(self.model, cache, tree, Sites(self.family.rope_attr, owners,
+                                                            positions=[]), start,
+                             plans=plans, ropes=ropes)
 
 
 class MultiTokenLatent(TreeAdapter):

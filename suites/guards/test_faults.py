@@ -20,7 +20,7 @@ from treespec.models import prefilled
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify.adapter import TreeAdapter
-from treespec.verify.attention import tree_injected
+from treespec.verify.attention import Sites, tree_injected
 
 pytestmark = pytest.mark.exactness
 
@@ -47,7 +47,7 @@ class MaskFault(TreeAdapter):
 
     def injection(self, cache, tree, owners, start, plans=None, ropes=True):
         return _raising_masks(
-            tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+            tree_injected(self.model, cache, tree, Sites(self.family.rope_attr, owners), start,
                           plans=plans, ropes=ropes), cache)
 
 

@@ -19,7 +19,7 @@ from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 from treespec.verify import guard
 from treespec.verify.adapter import TreeAdapter
-from treespec.verify.attention import TreeRoPE, tree_injected, tree_mask
+from treespec.verify.attention import Sites, TreeRoPE, tree_injected, tree_mask
 
 pytestmark = pytest.mark.exactness
 
@@ -46,7 +46,7 @@ class Held(TreeAdapter):
                 assert self.release.wait(WAIT), "never released"
             return plans[id(c)].mask(window) if id(c) in plans else tree_mask(c, tree, window, start)
 
-        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
+        return tree_injected(self.model, cache, tree, Sites(self.family.rope_attr, owners), start,
                              plans=plans, ropes=ropes, mask_fn=mask)
 
 
@@ -66,7 +66,7 @@ class Verifier(threading.Thread):
             # A commit that moves rows leaves its writes lazy, as mlx-lm's
             # caches are between steps; MLX binds a lazy array to the stream
             # of the thread that built it, so a cache handed to another
-            # thread is evaluated first (README, "Threads").
+            # thread is evaluated first (docs/numerics.md#threads-and-faults).
             mx.eval([c.state for c in self.cache])
         except BaseException as e:  # reported by the test
             self.error = e

@@ -24,6 +24,7 @@ from treespec.decoding import decode
 from treespec.draft import ChainDrafter
 from treespec.errors import TreeError
 from treespec.models import prefilled, vocab_size
+from treespec.options import DecodeOptions
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
@@ -56,7 +57,8 @@ def test_the_round_loops_refuse_a_prompt_id_outside_the_vocabulary(entry):
         if entry == "classic":
             rounds.classic(helpers.model(), prompt, 3)
         else:
-            rounds.speculative(helpers.model(), helpers.drafter(), prompt, 3, ChainDrafter(3))
+            rounds.speculative(helpers.model(), helpers.drafter(), prompt, ChainDrafter(3),
+                               DecodeOptions(mode="chain", max_tokens=3))
 
 
 @pytest.mark.parametrize("vocab", [200, 1000])

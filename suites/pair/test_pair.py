@@ -1,5 +1,5 @@
 """The built-in trained pair (treespec/pair): a target and a drafter trained
-on the Python standard library by scripts/train_pair.py.
+on the Python standard library by treespec/pair/train.py.
 
 Pinned here: both open with `mlx_lm.load` with no network; they share the
 zoo's tokenizer byte for byte; on held-out text (whole lines of stdlib files
@@ -34,7 +34,7 @@ UNIFORM = math.log(zoo.VOCAB_SIZE)  # nats/token of a uniform guess
 
 def recorded(drafter="draft"):
     """What the training run recorded: the pair's metrics.json, or the weak
-    drafter's own (scripts/train_pair.py train-draft)."""
+    drafter's own (treespec/pair/train.py train-draft)."""
     name = "metrics.json" if drafter == "draft" else f"{drafter}-metrics.json"
     return json.loads((PAIR / name).read_text())
 

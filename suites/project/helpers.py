@@ -36,6 +36,13 @@ def modules(root: Path, package: str) -> Dict[str, Module]:
     out = {}
     base = root / package
     for path in sorted(base.rglob("*.py")):
+        # A .py file in a folder without __init__.py is not a module of the
+        # package: nothing can import it as one (treespec/pair/ is package
+        # data, and its train.py the provenance of the shipped weights, a
+        # script run by path), so the package's rules do not read it.
+        if any(not (folder / "__init__.py").exists()
+               for folder in [path.parent, *path.parent.parents] if folder.is_relative_to(base)):
+            continue
         rel = path.relative_to(root).with_suffix("")
         parts = list(rel.parts)
         is_package = parts[-1] == "__init__"

@@ -20,6 +20,8 @@ from suites.sampling.helpers_stats import gof
 from suites.sampling.helpers import ALPHA
 from treespec.decoding import decode
 from treespec.draft import ChainDrafter
+from treespec.options import DecodeOptions
+from treespec.rounds import Loop
 from treespec.sampling import (
     SampledChainDrafter,
     SampledTreeDrafter,
@@ -59,8 +61,9 @@ def test_first_two_tokens_have_the_targets_law(case):
     target, draft = models.target(), models.draft()
     accepted = 0
     for seed in range(SEEDS):
-        r = decode_sampled(target, models.PROMPT, draft, seed=seed, max_tokens=4,
-                           gate=seed == 0, **sampling, **cfg)
+        r = decode_sampled(target, models.PROMPT, draft,
+                           DecodeOptions(seed=seed, max_tokens=4, **sampling, **cfg),
+                           Loop(gate=seed == 0))
         counts[r.tokens[0], r.tokens[1]] += 1
         accepted += r.stats.accepted
     assert accepted > SEEDS // 2  # the drafts do get accepted
@@ -71,15 +74,16 @@ def test_first_two_tokens_have_the_targets_law(case):
 
 def test_a_run_is_reproducible_from_its_seed():
     t, d = models.target(), models.draft()
-    kw = dict(temperature=1.0, mode="tree", branching=(2, 1), max_tokens=16, gate=False)
-    a = decode_sampled(t, models.PROMPT, d, seed=11, **kw).tokens
-    assert decode_sampled(t, models.PROMPT, d, seed=11, **kw).tokens == a
-    others = {tuple(decode_sampled(t, models.PROMPT, d, seed=s, **kw).tokens) for s in range(4)}
+    kw = dict(temperature=1.0, mode="tree", branching=(2, 1), max_tokens=16)
+    no_gate = Loop(gate=False)
+    a = decode_sampled(t, models.PROMPT, d, DecodeOptions(seed=11, **kw), no_gate).tokens
+    assert decode_sampled(t, models.PROMPT, d, DecodeOptions(seed=11, **kw), no_gate).tokens == a
+    others = {tuple(decode_sampled(t, models.PROMPT, d, DecodeOptions(seed=s, **kw),
+                                   no_gate).tokens) for s in range(4)}
     assert len(others) > 1
-    c = decode_sampled(t, models.PROMPT, d, seed=11, mode="classic", temperature=1.0,
-                       max_tokens=16).tokens
-    assert c == decode_sampled(t, models.PROMPT, d, seed=11, mode="classic", temperature=1.0,
-                               max_tokens=16).tokens
+    plain = DecodeOptions(seed=11, mode="classic", temperature=1.0, max_tokens=16)
+    c = decode_sampled(t, models.PROMPT, d, plain).tokens
+    assert c == decode_sampled(t, models.PROMPT, d, plain).tokens
 
 
 @pytest.mark.parametrize("mode,kw", [("chain", dict(block=4)), ("tree", dict(branching=(3, 2)))])
@@ -88,8 +92,9 @@ def test_top_k_1_sampling_is_greedy_decoding(mode, kw):
     then emit exactly classic greedy decoding's tokens."""
     t, d = models.target(), models.draft()
     greedy = decode(t, models.PROMPT, mode="classic", max_tokens=20).tokens
-    got = decode_sampled(t, models.PROMPT, d, temperature=0.9, top_k=1, seed=3, mode=mode,
-                         max_tokens=20, gate=False, **kw)
+    got = decode_sampled(t, models.PROMPT, d, DecodeOptions(temperature=0.9, top_k=1, seed=3,
+                                                            mode=mode, max_tokens=20, **kw),
+                         Loop(gate=False))
     assert got.tokens == greedy
     # One token of draft probability > 0 per node: the tree is pruned to a chain.
     depth = len(kw["branching"]) if "branching" in kw else kw["block"] - 1
@@ -119,14 +124,14 @@ def test_sampled_children_are_distinct_draws_in_the_support():
 
 def test_refusals_name_the_problem():
     t, d = models.target(), models.draft()
+    chain = DecodeOptions(mode="chain", temperature=1.0)
     with pytest.raises(SamplingRefused, match="logits_processors"):
-        decode_sampled(t, models.PROMPT, d, temperature=1.0, logits_processors=[lambda a, b: b])
+        decode_sampled(t, models.PROMPT, d, chain, logits_processors=[lambda a, b: b])
     with pytest.raises(SamplingRefused, match="greedy decoding"):
-        decode_sampled(t, models.PROMPT, d, temperature=0.0)
+        decode_sampled(t, models.PROMPT, d, DecodeOptions(mode="chain", temperature=0.0))
     with pytest.raises(ValueError, match="sampled drafter"):
-        decode_sampled(t, models.PROMPT, d, temperature=1.0, drafter=ChainDrafter(3))
+        decode_sampled(t, models.PROMPT, d, chain, drafter=ChainDrafter(3))
     with pytest.raises(ValueError, match="ask for mode 'tree'"):
-        decode_sampled(t, models.PROMPT, d, temperature=1.0, mode="chain",
-                       drafter=SampledTreeDrafter(branching=(2,)))
+        decode_sampled(t, models.PROMPT, d, chain, drafter=SampledTreeDrafter(branching=(2,)))
     with pytest.raises(ValueError, match="needs bind"):
         SampledChainDrafter(3).draft(1)

@@ -20,9 +20,9 @@ where the backend is exact, within its envelope elsewhere).
 
     pre = clone(cache)
     with recorded(cache) as writes:
-        adapter.verify(tree, cache)
-    adapter.commit(cache, tree, path)
-    expected = moved(pre, writes, path, len(tree), captures, cache)
+        verified = adapter.verify_handle(tree, cache)
+    adapter.commit(cache, tree, path, verified=verified)
+    expected = moved(pre, writes, path, len(tree), verified.captures, cache)
     mismatches(cache, expected)  # [] or what differs, per layer and field
 """
 

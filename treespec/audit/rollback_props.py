@@ -74,7 +74,7 @@ def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                         tally.refused.append(f"the adapter refuses chains here too: {e.reason}")
                         break
                 mx.eval(logits)
-                last = getattr(adapter, "_last", None)
+                last = getattr(adapter, "last_verified", None)  # None from an adapter without one
                 captures = getattr(last, "captures", None)
                 path = _rollback_paths(tree, d + r, rng)
                 widths |= {len(tree), len(path)}

@@ -35,6 +35,7 @@ ones and between the kinds. ``reason`` gives the numbers.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from ..evidence import gate
@@ -56,21 +57,50 @@ from ..draft import FixedTreeDrafter, fixed_shape, make_drafter
 from .emission import draft_ranks
 
 
-def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer=None,
-           max_block: int = 8, max_tokens: int = 40, repeats: int = 3, width: int = 4,
-           trees: Sequence[Sequence[int]] = (), allow_classic: bool = True,
-           allow_inexact: bool = False, margin: float = 0.05, eos_token_ids=None,
-           decide: Optional[Callable] = None, runoff: float = 0.9, runoff_floor: float = 0.8,
-           max_runoff: int = 4, spines: bool = True,
-           log: Callable[[str], None] = lambda s: None,
+@dataclass(frozen=True)
+class ChooseOptions:
+    """What ``choose`` measures and how it decides, as one value (keywords:
+    ``ChooseOptions(max_block=3, repeats=1)``). ``max_block``: the largest
+    chain block (and tree budget + 1) priced, >= 2; ``max_tokens`` /
+    ``repeats``: each calibration run's length and how many interleaved
+    repeats; ``width``: the confidence tree's; ``trees``: fixed shapes
+    (branching or parent lists) calibrated too; ``allow_classic``: classic
+    may be chosen; ``allow_inexact``: the gate's; ``margin``: what a tree
+    must beat the rest by (treespec.auto.predict.pick); ``runoff`` /
+    ``runoff_floor`` / ``max_runoff``: the run-off (the module's docstring);
+    ``spines``: also price the spines of depth 2..max_block-1 that
+    ``trees`` does not name, from the calibration's texts replayed (no run
+    of their own)."""
+
+    max_block: int = 8
+    max_tokens: int = 40
+    repeats: int = 3
+    width: int = 4
+    trees: Sequence[Sequence[int]] = ()
+    allow_classic: bool = True
+    allow_inexact: bool = False
+    margin: float = 0.05
+    runoff: float = 0.9
+    runoff_floor: float = 0.8
+    max_runoff: int = 4
+    spines: bool = True
+
+
+def choose(target, draft_model, prompts: Optional[Sequence] = None,
+           options: ChooseOptions = ChooseOptions(), *, tokenizer=None, eos_token_ids=None,
+           decide: Optional[Callable] = None, log: Callable[[str], None] = lambda s: None,
            deadline: Optional[float] = None) -> dict:
     """Measure, predict, gate, choose. Returns
     ``dict(mode, block, budget, branching, width, reason, predicted, details)``;
     ``decode_kwargs(result)`` feeds ``treespec.decoding.decode``. ``prompts``: token
-    lists or strings (with ``tokenizer``); default CALIBRATION_PROMPTS. ``decide``:
-    the exactness gate (default ``treespec.evidence.gate.decide``). ``spines``: also
-    price the spines of depth 2..max_block-1 that ``trees`` does not name,
-    from the calibration's texts replayed (no run of their own)."""
+    lists or strings (with ``tokenizer``); default CALIBRATION_PROMPTS. ``options``:
+    the knobs (:class:`ChooseOptions`). ``eos_token_ids``: default the tokenizer's.
+    ``decide``: the exactness gate (default ``treespec.evidence.gate.decide``).
+    ``deadline`` (a time.perf_counter reading): no calibration repeat after the
+    first starts past it."""
+    o = options
+    max_block, max_tokens, repeats, width = o.max_block, o.max_tokens, o.repeats, o.width
+    trees, allow_classic, margin = o.trees, o.allow_classic, o.margin
     decide = decide if decide is not None else gate.decide
     if max_block < 2:
         raise ValueError(f"max_block must be >= 2, got {max_block}")
@@ -83,7 +113,7 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
 
     fixed_sizes = [FixedTreeDrafter(**fixed_shape(t)).budget() + 1 for t in trees]
     given = {tuple(int(x) for x in t) for t in trees}
-    depths = [d for d in range(2, max_block) if spine(d) not in given] if spines else []
+    depths = [d for d in range(2, max_block) if spine(d) not in given] if o.spines else []
     t_max = max([max_block] + fixed_sizes + [2 * d + 1 for d in depths])
     t0 = time.perf_counter()
     curve_rows = verify_cost_curve(target, tuple(range(1, t_max + 1)), context=64,
@@ -121,7 +151,7 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
                     max_block=max_block, width=width, spines=replayed)
 
     def eligible(c):
-        d = decide(target, _drafter_for(c).probe_shapes(), allow_inexact=allow_inexact)
+        d = decide(target, _drafter_for(c).probe_shapes(), allow_inexact=o.allow_inexact)
         return d.run, d.reason
 
     choice, ranked = pick(cands, margin, eligible, allow_classic)
@@ -132,7 +162,7 @@ def choose(target, draft_model, prompts: Optional[Sequence] = None, *, tokenizer
     # measured wins (a tree by ``margin / 2`` over the rest: its figures are
     # now measured too, only noisier).
     finalists = runoff_finalists(ranked, choice, lambda c: c.kind == "classic" or eligible(c)[0],
-                                 runoff, runoff_floor, max_runoff)
+                                 o.runoff, o.runoff_floor, o.max_runoff)
     runoff_rows = []
     if len(finalists) > 1:
         t0 = time.perf_counter()

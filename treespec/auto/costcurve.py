@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -45,28 +46,37 @@ DEFAULT_TS = (1, 2, 4, 8, 16, 32, 64)
 # ----------------------------------------------------------------------------- models
 
 
+@dataclass(frozen=True)
+class Widths:
+    """A llama's widths besides ``hidden``; None: derived from ``hidden`` (head_dim 64,
+    GQA 2:1, SwiGLU ~8/3 wide)."""
+
+    heads: int | None = None
+    kv_heads: int | None = None
+    ffn: int | None = None
+
+
 def build_llama(
     hidden: int = 512,
     layers: int = 8,
     *,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-    ffn: int | None = None,
     vocab: int = 32000,
     dtype: str = "float32",
     bits: int | None = None,
     group_size: int = 64,
     seed: int = 0,
     tied: bool = True,
+    widths: Widths = Widths(),
 ) -> nn.Module:
-    """A seeded random-weight mlx-lm llama (head_dim 64, GQA 2:1, SwiGLU ~8/3 wide by default).
+    """A seeded random-weight mlx-lm llama (head_dim 64, GQA 2:1, SwiGLU ~8/3 wide unless
+    ``widths`` says otherwise).
 
     bits=4/8 quantizes every Linear and the (tied) embedding with nn.quantize, activations stay
     in `dtype`.
     """
-    heads = heads or max(1, hidden // 64)
-    kv_heads = kv_heads or max(1, heads // 2)
-    ffn = ffn or int(np.ceil(8 * hidden / 3 / 64) * 64)
+    heads = widths.heads or max(1, hidden // 64)
+    kv_heads = widths.kv_heads or max(1, heads // 2)
+    ffn = widths.ffn or int(np.ceil(8 * hidden / 3 / 64) * 64)
     args = llama.ModelArgs(
         model_type="llama",
         hidden_size=hidden,

@@ -7,7 +7,7 @@ under the kv length. A speculative round's multi-token forwards (the verify,
 the drafter's catch-up) meet a kv length no earlier round met, so every round
 builds graphs: on the H200 that made speculative rounds several times slower
 per token than without cuDNN attention (docs/numerics.md#tf32-and-cudnn-attention-on-cuda;
-``scripts/sdpa_cache_probe.py`` measures it). Repeating the same lengths hides
+``results/h200-scaled/probes/sdpa_cache_probe.py`` measured it). Repeating the same lengths hides
 it, which is what a benchmark that reruns one prompt measures.
 ``MLX_CUDA_USE_CUDNN_SDPA=0`` sends those forwards to MLX's own kernels; MLX
 reads it once, at the first attention.

@@ -7,7 +7,8 @@ import time
 
 from ..auto import choose as auto
 from . import scaled
-from .measure import PROMPTS, SharedProbe, auto_config, bench, build_configs, describe_choice
+from .measure import (PROMPTS, BenchOptions, SharedProbe, auto_config, bench, build_configs,
+                      describe_choice)
 from .report import format_curve, format_report, machine_info, write_plots
 from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from ..auto.costcurve import verify_cost_curve
@@ -101,9 +102,9 @@ def cmd_bench(args) -> int:
     gate = SharedProbe()
     if not args.no_auto:
         t0 = time.perf_counter()
-        choice = auto.choose(target, draft, auto_prompts, tokenizer=tokenizer,
-                             max_block=max(args.blocks), trees=args.trees,
-                             width=width, allow_inexact=args.allow_inexact,
+        knobs = auto.ChooseOptions(max_block=max(args.blocks), trees=args.trees, width=width,
+                                   allow_inexact=args.allow_inexact)
+        choice = auto.choose(target, draft, auto_prompts, knobs, tokenizer=tokenizer,
                              eos_token_ids=eos, decide=gate, log=lambda s: say("  " + s),
                              deadline=deadline)
         say(f"auto ({time.perf_counter() - t0:.1f}s calibration): {describe_choice(choice)}: "
@@ -115,8 +116,9 @@ def cmd_bench(args) -> int:
 
     say(f"bench: {len(configs)} configurations x {len(prompts)} prompts x {args.max_tokens} "
         f"tokens, {args.repeats} interleaved repeats")
-    report = bench(target, draft, prompts, configs, max_tokens=args.max_tokens,
-                   repeats=args.repeats, eos=eos, allow_inexact=args.allow_inexact,
+    report = bench(target, draft, prompts, configs,
+                   BenchOptions(max_tokens=args.max_tokens, repeats=args.repeats, eos=eos,
+                                allow_inexact=args.allow_inexact),
                    deadline=deadline, decide=gate, log=say)
     report.update(report_extra)
     report["seconds"] = time.perf_counter() - t_start

@@ -3,7 +3,7 @@
 MLX exposes an unevaluated graph only through ``mx.export_to_dot``, which
 writes every primitive as a node ``label ="Name", shape=rectangle``. Counting
 those is how a test pins an op a commit must not build (a Gather where a slice
-suffices) and how a measurement script reports a graph's size beside its time.
+suffices) and how a benchmark reports a graph's size beside its time.
 Counts only: what the graph computes is checked elsewhere, against values.
 """
 

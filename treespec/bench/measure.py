@@ -319,24 +319,40 @@ def prefill_ms(model, prompt, repeats: int = 5) -> float:
     return statistics.median(times[1:])
 
 
+@dataclass(frozen=True)
+class BenchOptions:
+    """How ``bench`` runs its table, as one value: ``max_tokens`` per run,
+    ``repeats`` interleaved, ``eos`` ids ending a run, ``allow_inexact`` (the
+    gate's, and texts differing from classic's timed but labelled INEXACT),
+    ``warmup_tokens`` per warm-up run (None: max_tokens), ``max_seconds``: the
+    call's budget (sets ``bench``'s deadline when it is not given)."""
+
+    max_tokens: int = 64
+    repeats: int = 3
+    eos: Optional[Sequence[int]] = None
+    allow_inexact: bool = False
+    warmup_tokens: Optional[int] = None
+    max_seconds: Optional[float] = None
+
+
 def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Config],
-          max_tokens: int = 64, repeats: int = 3, eos=None, allow_inexact: bool = False,
-          decide: Optional[Callable] = None, log: Callable[[str], None] = lambda s: None,
-          warmup_tokens: Optional[int] = None, max_seconds: Optional[float] = None,
-          deadline: Optional[float] = None, clock: Callable[[], float] = time.perf_counter
-          ) -> dict:
+          options: BenchOptions = BenchOptions(), *, decide: Optional[Callable] = None,
+          log: Callable[[str], None] = lambda s: None, deadline: Optional[float] = None,
+          clock: Callable[[], float] = time.perf_counter) -> dict:
     """Gate, warm up, run interleaved, aggregate. Returns the report dict
     (rows in config order; a gated row has ``exact`` False and a ``reason``).
 
-    ``deadline`` (a ``clock()`` reading; ``max_seconds`` sets it from this
-    call's start): nothing new starts once it has passed. Configurations not
+    ``deadline`` (a ``clock()`` reading; ``options.max_seconds`` sets it from
+    this call's start): nothing new starts once it has passed. Configurations not
     yet probed are skipped, the warm-up stops, and no further timed run
     starts, except classic's first (the reference every text is diffed
     with). A skipped row says so (``skipped``); the report says how many
     repeats ran and whether the warm-up was cut."""
+    max_tokens, repeats, eos = options.max_tokens, options.repeats, options.eos
+    allow_inexact, warmup_tokens = options.allow_inexact, options.warmup_tokens
     t_call = clock()
-    if deadline is None and max_seconds is not None:
-        deadline = t_call + max_seconds
+    if deadline is None and options.max_seconds is not None:
+        deadline = t_call + options.max_seconds
 
     def spent() -> bool:
         return deadline is not None and clock() > deadline

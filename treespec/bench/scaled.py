@@ -16,7 +16,6 @@ is, and the drafter costs what ``draft_layers`` layers and the head cost.
 """
 
 import argparse
-import os
 from typing import List, Sequence
 
 import mlx.core as mx
@@ -24,69 +23,14 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from .prompts import PROMPTS
-from ..checkpoints import load_default_pair
 from ..auto.costcurve import build_llama, parse_dims
 from ..models import n_params
 from ..rounds import classic
 
 
 # The pair the H200 figures in results/h200-scaled/README.md were taken on (teacher-forced greedy
-# agreement 0.76 at alpha 0.02): the scripts' defaults.
+# agreement 0.76 at alpha 0.02): the benchmarks' defaults (benchmarks/harness.py).
 STUDY_DIMS, STUDY_ALPHA = (2048, 16), 0.02
-
-
-def add_pair_arguments(ap: argparse.ArgumentParser):
-    """--dims, --alpha and --draft-layers of a script that builds the pair."""
-    ap.add_argument("--dims", type=parse_dims, default=STUDY_DIMS, help="HIDDENxLAYERS")
-    ap.add_argument("--alpha", type=float, default=STUDY_ALPHA)
-    ap.add_argument("--draft-layers", type=int, default=2)
-
-
-def pair_from_arguments(args, dtype: str = "bfloat16"):
-    """(target, drafter) as ``add_pair_arguments``' options ask."""
-    return build_pair(*args.dims, args.draft_layers, args.alpha, dtype)
-
-
-def add_study_arguments(ap: argparse.ArgumentParser, repeats: int):
-    """A measurement script's pair (``add_pair_arguments``, or ``--pair`` for
-    the built-in trained pair with that drafter) and its ``--repeats`` and
-    ``--calls`` (treespec.bench.timing.interleaved)."""
-    add_pair_arguments(ap)
-    ap.add_argument("--pair", choices=("default", "weak"),
-                    help="the built-in trained pair (its target and that drafter) instead")
-    ap.add_argument("--repeats", type=int, default=repeats)
-    ap.add_argument("--calls", type=int, default=5, help="timed calls per item and repeat")
-
-
-def decoding_pair(args, n: int):
-    """(target, drafter, ``n`` prompts, what they are) for a script whose
-    ``--pair`` is default|weak (the trained pair with that drafter, bench's
-    Python prompts) or scaled (``add_pair_arguments``' seeded pair and its
-    seeded token prompts)."""
-    if args.pair == "scaled":
-        target, draft = pair_from_arguments(args)
-        return (target, draft, default_prompts(n),
-                f"scaled {args.dims[0]}x{args.dims[1]}, alpha {args.alpha}")
-    target, draft, tok = load_default_pair(args.pair)
-    return target, draft, [tok.encode(p) for p in PROMPTS[:n]], f"trained pair, {args.pair} drafter"
-
-
-def study_pair(args):
-    """(target, drafter, what they are) as ``add_study_arguments``' options ask."""
-    if args.pair:
-        target, draft, _ = load_default_pair(args.pair)
-        return target, draft, f"trained pair, {args.pair} drafter"
-    target, draft = pair_from_arguments(args)
-    return target, draft, (f"scaled {args.dims[0]}x{args.dims[1]}, alpha {args.alpha}, "
-                           f"drafter {args.draft_layers} layers")
-
-
-def announce(what: str) -> None:
-    """A measurement script's first line: its pair, MLX's version and device,
-    the machine's load."""
-    print(f"{what}; mlx {mx.__version__}, {mx.default_device()}; load "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
 
 
 def filled_cache(model, context: int) -> list:

@@ -1,4 +1,4 @@
-"""Interleaved timing of named steps, for the measurement scripts: every
+"""Interleaved timing of named steps, for the benchmarks (benchmarks/): every
 step once untimed, then ``repeats`` passes over all of them in an order
 rotated every pass, so that a machine's drift and load move every step
 alike; ratios are taken within a pass."""

@@ -17,7 +17,9 @@ module asks ``isinstance`` of a cache:
     save(c) / restore(c, s)   put it back exactly as it is now (the drafter, per round)
     snapshot(c)               references to the pre-verify state a commit needs
     hold(c) / put_back(c, h)  a mode's own cheaper hold (see below), or None
-    plan_commit(...)          validate a commit of the accepted path; return its writes
+    plan_commit(...)          validate a commit of the accepted path: its CommitPlan, or None
+    apply(c, plan)            carry that plan out
+    trim(c, offset)           (appending caches) keep the first rows: mlx-lm's trim
 
 and ``hold(cache)`` / ``put_back(held)``: every cache as it is now, to undo
 a forward that raised (treespec.verify.guard): its mode's own hold where it
@@ -27,19 +29,22 @@ else every attribute.
 Lookup is by exact class (:func:`mode_of`): a subclass may change the layout
 these entries rely on, so it gets no entry and is refused by whoever asks.
 
-Commit planning (what ``treespec.rollback.commit_path`` runs for each layer):
-``plan_commit`` checks everything about one cache and raises
-``RollbackRefused`` or returns ``prepare``; ``prepare()`` returns
-``(reads, write)``, the lazy rows to read and a ``write()`` that stores them
-and returns the arrays it wrote. Nothing is read or written until every layer
-has been planned, so a refusal leaves every cache untouched.
+A commit (what ``treespec.rollback.commit_path`` runs) is, per cache,
+:func:`plan_commit` (the checks every mode shares, then its mode's
+``plan_commit``: a :class:`CommitPlan`, or None when the cache stays as it
+is, or ``RollbackRefused``), then, once every cache is planned and the plans'
+reads evaluated, :func:`apply` (its mode's ``apply``). Nothing is written
+until every cache has been planned, so a refusal leaves every cache
+untouched. Each mode's rollback reads in its class: what it validates, what
+its plan holds, how it applies it.
 
-Layout: ``caches.base`` (the method set and its defaults), ``caches.attention``
-and ``caches.recurrent`` (the modes), this module (the table, CacheList, and
-the lookups every other module uses).
+Layout: ``caches.base`` (the method set, its defaults, CommitPlan),
+``caches.kv`` (the attention modes) and ``caches.arrays`` (the recurrent
+mode), this module (the table, CacheList, and the lookups every other module
+uses).
 """
 
-from typing import Callable, Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
@@ -62,13 +67,13 @@ from .kv import (
     rotating_kept,
     rotating_present,
 )
-from .base import Mode, _copy_array, refuse
+from .base import CommitPlan, Mode, _copy_array, refuse
 from .arrays import Arrays
 
-__all__ = ["MODES", "Entry", "Mode", "Tail", "adopt", "adopts", "attention_caches", "fork", "forks",
-           "grows_in_parts", "hold", "holds_recurrent", "leaves", "mode_of", "offset",
-           "offset_of", "plan_commit", "put_back", "refuse", "rotating_kept", "rotating_present",
-           "windows", "written"]
+__all__ = ["MODES", "CommitPlan", "Entry", "Mode", "Tail", "adopt", "adopts", "apply",
+           "attention_caches", "fork", "forks", "grows_in_parts", "hold", "holds_recurrent",
+           "leaves", "marks", "mode_of", "offset", "offset_of", "plan_commit", "put_back",
+           "refuse", "rotating_kept", "rotating_present", "windows", "written"]
 
 
 class Listed(Mode):
@@ -92,15 +97,14 @@ class Listed(Mode):
 
     def plan_commit(self, c, where, tail, entry, recurrent):
         subs = entry.state if entry is not None else [None] * len(c.caches)
-        plans = [plan_commit(s, where + (j,), tail, e, recurrent)
-                 for j, (s, e) in enumerate(zip(c.caches, subs))]
+        parts = tuple((s, plan_commit(s, where + (j,), tail, e, recurrent))
+                      for j, (s, e) in enumerate(zip(c.caches, subs)))
+        reads = tuple(r for _, p in parts if p is not None for r in p.reads)
+        return CommitPlan(reads, parts=parts)
 
-        def prepare():
-            steps = [plan() for plan in plans]
-            return [r for reads, _ in steps for r in reads], lambda: [
-                a for _, write in steps for a in write()]
-
-        return prepare
+    def apply(self, c, plan):
+        for s, p in plan.parts:
+            apply(s, p)
 
 
 MODES: Dict[type, Mode] = {
@@ -209,9 +213,10 @@ class Entry:
         self.state = mode_of(c).snapshot(c)
 
 
-def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Callable[[], tuple]:
-    """Validate one cache for this commit (raising before anything is written)
-    and return its ``prepare``."""
+def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Optional[CommitPlan]:
+    """Validate one cache for this commit (raising RollbackRefused before
+    anything is written) and return its plan (None: it stays as it is): the
+    checks every mode shares, then its mode's ``plan_commit``."""
     mode = mode_of(c)
     if mode is _UNKNOWN:
         refuse(c, where, "unknown cache class: no exact rollback is known for it")
@@ -219,7 +224,7 @@ def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Call
             entry is None or entry.offset == 0):
         # No forward ever wrote it, the verify's neither: a layer that never
         # attends (nemotron-nas's no-op attention). Nothing to commit.
-        return lambda: ([], lambda: [])
+        return None
     if entry is not None:
         if entry.cls is not type(c):
             refuse(c, where, f"the snapshot holds a {entry.cls.__name__} here")
@@ -227,6 +232,26 @@ def plan_commit(c, where, tail: Tail, entry: Optional[Entry], recurrent) -> Call
             refuse(c, where, f"snapshot offset {entry.offset} is not offset {tail.offset}: "
                    "the snapshot was not taken right before this verify")
     return mode.plan_commit(c, where, tail, entry, recurrent)
+
+
+def apply(c, plan: Optional[CommitPlan]) -> None:
+    """Carry out what :func:`plan_commit` returned for ``c`` (None: nothing)."""
+    if plan is not None:
+        mode_of(c).apply(c, plan)
+
+
+def marks(cache: Sequence) -> tuple:
+    """What any later update of a model's cache list changes, read without
+    touching an array: per cache (CacheList entries included) its identity,
+    offset and ring slot, and the identity of its key, value and recurrent
+    slot arrays. A verify's handle keeps these and its commit compares them
+    (treespec.verify.adapter.Verified), to refuse a commit of caches written
+    since. Not a comparison of contents: a caller that moved an offset back
+    by hand and wrote as many rows again in place leaves the same marks."""
+    return tuple((id(c), getattr(c, "offset", None), getattr(c, "_idx", None),
+                  id(getattr(c, "keys", None)), id(getattr(c, "values", None)),
+                  tuple(map(id, getattr(c, "cache", ()))))
+                 for _, c in leaves(cache))
 
 
 class _Held:

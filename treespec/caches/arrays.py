@@ -1,9 +1,24 @@
 """The recurrent cache mode: ArraysCache, a recurrent layer's conv windows
 and state."""
 
+from typing import NamedTuple, Optional
+
 import mlx.core as mx
 
-from .base import Mode, refuse
+from ..rows import Tail
+from .base import CommitPlan, Mode, refuse
+
+
+class Replay(NamedTuple):
+    """How a commit brings a restored recurrent state to the path's last
+    node (``CommitPlan.replay``): copy the state a tree-aware recurrence
+    kept for that node, or run the captured mixer calls again on the
+    path's rows alone."""
+
+    kept: Optional[object]  # rollback.KeptStates of this cache, or None: replay the calls
+    node: Optional[int]  # the path's last node, whose kept state is copied
+    calls: tuple  # (module, args, kwargs) of each captured call, in the verify's order
+    tail: Optional[Tail]  # the verified tail whose path the calls are replayed along
 
 
 class Arrays(Mode):
@@ -41,21 +56,11 @@ class Arrays(Mode):
         calls = recurrent.calls_for(c)
         if not calls:
             refuse(c, where, "captured 0 calls of its mixer, expected the verify's")
-
-        def reset():
-            c.cache, c.left_padding, c.lengths = list(arrays0), left_padding0, lengths0
-
         kept = recurrent.kept_for(c) if tail.n > 1 else None
         if kept is not None:
             node = int(tail.path[-1])
             kept.node(node)  # raises on a node the tree does not have
-
-            def write_kept():
-                reset()
-                kept.write(c, node)
-                return [a for a in c.cache if a is not None]
-
-            return lambda: ([], write_kept)
+            return CommitPlan(restore=entry.state, replay=Replay(kept, node, (), None))
         # Replayed in the verify's order: modules sharing one cache (rwkv7's
         # time and channel mixing) each write their own slots.
         replays = []
@@ -69,18 +74,22 @@ class Arrays(Mode):
                 refuse(c, where, f"the captured mixer input does not hold the {tail.n} tree "
                        "nodes")
             replays.append((module, args, kwargs))
+        return CommitPlan(restore=entry.state, replay=Replay(None, None, tuple(replays), tail))
 
-        def replay():
-            idx = mx.array(tail.path, dtype=mx.int32)
+    def apply(self, c, plan):
+        arrays0, left_padding0, lengths0 = plan.restore
+        c.cache, c.left_padding, c.lengths = list(arrays0), left_padding0, lengths0
+        replay = plan.replay
+        if replay.kept is not None:
+            replay.kept.write(c, replay.node)
+            return
+        tail = replay.tail
+        idx = mx.array(tail.path, dtype=mx.int32)
 
-            def along_path(a):  # activations and masks carry the nodes on axis 1
-                if isinstance(a, mx.array) and a.ndim >= 2 and a.shape[1] == tail.n:
-                    return mx.take(a, idx, axis=1)
-                return a
+        def along_path(a):  # activations and masks carry the nodes on axis 1
+            if isinstance(a, mx.array) and a.ndim >= 2 and a.shape[1] == tail.n:
+                return mx.take(a, idx, axis=1)
+            return a
 
-            reset()
-            for module, args, kwargs in replays:
-                module(*map(along_path, args), **{k: along_path(v) for k, v in kwargs.items()})
-            return [a for a in c.cache if a is not None]
-
-        return lambda: ([], replay)
+        for module, args, kwargs in replay.calls:
+            module(*map(along_path, args), **{k: along_path(v) for k, v in kwargs.items()})

@@ -1,13 +1,14 @@
 """The method set every cache mode has (:class:`Mode`: the defaults are a
-cache treespec can neither verify into nor roll back), and the checks the
-modes share."""
+cache treespec can neither verify into nor roll back), the plan of one
+cache's commit (:class:`CommitPlan`), and the checks the modes share."""
 
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 import mlx.core as mx
 
 from ..errors import RollbackRefused
-from ..rows import Tail
+from ..rows import Moved, Tail
 
 
 # ``copy`` of an mx.array shares its buffer and keeps the value it has now:
@@ -31,10 +32,6 @@ def refuse(c, where, reason):
     raise RollbackRefused(reason, type(c).__name__, where)
 
 
-def _nothing():
-    return [], lambda: []
-
-
 def _check_tail(c, where, tail: Tail):
     if c.keys is None:
         refuse(c, where, "the cache is empty: the verify wrote no tree rows into it")
@@ -50,6 +47,36 @@ def _batch_refusal(c) -> Optional[str]:
     if first.shape[0] != 1:
         return f"{type(c).__name__} holds a batch of {first.shape[0]}; tree verify is batch 1"
     return None
+
+
+# -- one cache's commit --------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class CommitPlan:
+    """What committing the accepted path does to one cache, decided before
+    any cache is written: its mode's ``plan_commit`` validates the cache and
+    builds it, its mode's ``apply`` carries it out. The commit
+    (treespec.rollback.commit_path) plans every cache first, so a refusal
+    leaves every cache untouched, then evaluates every plan's ``reads`` in
+    one evaluation, then applies the plans in layer order.
+
+    A mode fills the fields its own ``apply`` reads and leaves the rest at
+    their defaults (None: that part does not change)."""
+
+    # Lazy arrays read from the cache's own buffers. Evaluated, every
+    # layer's at once, before any write: a write whose buffer still has a
+    # pending reader copies the whole buffer instead of writing in place.
+    reads: tuple = ()
+    offset: Optional[int] = None  # the cache's offset after the commit
+    rows: Optional[Moved] = None  # the path's rows that move, and where they go
+    end: Optional[int] = None  # stored rows kept once placed, the rest cut off
+    idx: Optional[int] = None  # a ring's next write slot after the commit
+    arrays: Optional[tuple] = None  # (keys, values) the cache takes whole: a ring laid out anew
+    restore: Optional[tuple] = None  # the pre-verify state put back before anything else
+    step: Optional[tuple] = None  # after ``restore``: the root's (keys, values), a ring's one-token step
+    replay: Any = None  # after ``restore``: how a recurrent state reaches the path's end (arrays.Replay)
+    parts: tuple = ()  # a CacheList's entries: (cache, its plan or None), in order
 
 
 # -- the modes ----------------------------------------------------------------
@@ -129,6 +156,11 @@ class Mode:
     def snapshot(self, c):
         return None
 
+    def trim(self, c, offset: int) -> None:
+        """Keep the first ``offset`` rows in place (an appending cache: the
+        commit of a prefix, a drafter's commit)."""
+        raise TypeError(f"a {type(c).__name__} cannot be trimmed in place")
+
     def hold(self, c):
         """A cheaper exact hold of ``c`` than every attribute
         (``treespec.caches.hold``), for :meth:`put_back`; None: hold every
@@ -138,5 +170,16 @@ class Mode:
     def put_back(self, c, held) -> None:
         raise TypeError(f"{type(self).__name__} has no hold of its own")
 
-    def plan_commit(self, c, where, tail: Tail, entry, recurrent):
+    def plan_commit(self, c, where, tail: Tail, entry, recurrent) -> Optional[CommitPlan]:
+        """Validate a commit of ``tail.path`` into ``c`` (at ``where``: (layer,)
+        or (layer, CacheList entry)), raising RollbackRefused before anything
+        is written, and return its plan, or None when the commit leaves
+        ``c`` as it is. ``entry``: the pre-verify ``caches.Entry`` of ``c``
+        (None without a snapshot); ``recurrent``: the verify's
+        ``rollback.Captures`` (None without)."""
         refuse(c, where, "unknown cache class: no exact rollback is known for it")
+
+    def apply(self, c, plan: CommitPlan) -> None:
+        """Carry out a plan :meth:`plan_commit` returned for ``c``, after
+        every plan's reads were evaluated."""
+        raise TypeError(f"no commit is known for a {type(c).__name__}")

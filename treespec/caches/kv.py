@@ -10,8 +10,8 @@ from mlx_lm.models.cache import RotatingKVCache
 
 from ..errors import TreeRefused
 from ..ring import Ring, committed, layout, ring_of
-from ..rows import move_keys_values
-from .base import Mode, _batch_refusal, _check_tail, _nothing, kept, refuse
+from ..rows import gather_path
+from .base import CommitPlan, Mode, _batch_refusal, _check_tail, kept, refuse
 
 
 def _take_rows(v, rows):
@@ -83,21 +83,33 @@ class Appending(Mode):
         for name in [k for k in vars(c) if k not in names]:
             delattr(c, name)
 
+    def trim(self, c, offset: int) -> None:
+        """Keep the first ``offset`` rows: mlx-lm's trim. Rows past ``offset``
+        are never read and the next update overwrites them, so this is the
+        whole commit whenever the rows kept already sit in their slots (a
+        path that is a prefix of the verify's node order; a drafter's
+        accepted prefix of its fed order)."""
+        c.offset = offset
+
     def plan_commit(self, c, where, tail, entry, recurrent, start_position=0):
+        """The path's rows compacted to ``tail.offset ..`` in the buffer, in
+        place. A path that is a prefix of the node order (every chain round,
+        and every tree round that accepts first choices: the drafters lay
+        trees out so) moves no row: the plan is a :meth:`trim`, with nothing
+        to read or evaluate (which on CUDA would synchronize).
+        ``start_position``: the position of stored row 0 (a chunked cache's
+        dropped front)."""
         _check_tail(c, where, tail)
-        start = tail.offset - start_position
+        offset = tail.offset + tail.k
+        if tail.first_moved == tail.k:
+            return CommitPlan(offset=offset)
+        rows = gather_path(c, tail.offset - start_position, tail)
+        return CommitPlan(rows.reads, offset=offset, rows=rows)
 
-        def prepare():
-            reads, place = move_keys_values(c, start, tail)
-
-            def write():
-                c.keys, c.values = place()
-                c.offset = tail.offset + tail.k
-                return [c.keys, c.values]
-
-            return reads, write
-
-        return prepare
+    def apply(self, c, plan):
+        if plan.rows is not None:
+            c.keys, c.values = plan.rows.place(c)
+        self.trim(c, plan.offset)
 
 
 class Quantized(Appending):
@@ -197,21 +209,15 @@ class Concatenate(Mode):
         _check_tail(c, where, tail)
         if c.keys.shape[2] != c.offset:
             refuse(c, where, f"{c.keys.shape[2]} rows stored but offset {c.offset}")
+        # An empty cache stored the caller's arrays as they are: not ours to write.
+        rows = gather_path(c, tail.offset, tail, owned=tail.offset > 0)
+        end = tail.offset + tail.k
+        return CommitPlan(rows.reads, offset=end, rows=rows, end=end)
 
-        def prepare():
-            # An empty cache stored the caller's arrays as they are: not ours to write.
-            reads, place = move_keys_values(c, tail.offset, tail, owned=tail.offset > 0)
-
-            def write():
-                end = tail.offset + tail.k
-                keys, values = place()
-                c.keys, c.values = keys[..., :end, :], values[..., :end, :]
-                c.offset = end
-                return [c.keys, c.values]
-
-            return reads, write
-
-        return prepare
+    def apply(self, c, plan):
+        keys, values = plan.rows.place(c)
+        c.keys, c.values = keys[..., : plan.end, :], values[..., : plan.end, :]
+        c.offset = plan.offset
 
 
 def rotating_present(c: RotatingKVCache) -> int:
@@ -303,11 +309,18 @@ class Rotating(Mode):
         are trimmed or rotated differently; that layout is refused."""
         _check_tail(c, where, tail)
         if tail.n == 1:
-            return _nothing
+            return None
         stored = c.keys.shape[2]
         filled = min(tail.offset, c.max_size)
+        end = tail.offset + tail.k
         if c._idx < c.max_size and stored == filled + tail.n and c._idx != stored:
-            return self._plan_ring(c, tail, filled)
+            # The ring layout: every kept slot taken from where the verify
+            # laid it out (treespec.ring.committed).
+            ring = Ring(c.max_size, c.keep, tail.offset, np.arange(filled, dtype=np.int64), c._idx)
+            rows, idx = committed(layout(ring, tail.depths, tail.parents), tail.path)
+            order = mx.array(rows.astype(np.int32))
+            arrays = (mx.take(c.keys, order, axis=2), mx.take(c.values, order, axis=2))
+            return CommitPlan(arrays, offset=end, arrays=arrays, idx=idx)
         m = min(tail.offset, c.max_size - 1)
         if not c._idx == stored == m + tail.n:
             refuse(c, where, f"_idx {c._idx} with {stored} rows is neither the ring layout of a "
@@ -315,58 +328,32 @@ class Rotating(Mode):
                    f"{tail.n}-token update leaves ({m} history rows, then the nodes): the tree "
                    "rows were not written by a single update")
         if tail.k >= 2:
-
-            def prepare():
-                reads, place = move_keys_values(c, m, tail, owned=tail.offset > 0)
-
-                def write():
-                    end = m + tail.k
-                    keys, values = place()
-                    c.keys, c.values = keys[..., :end, :], values[..., :end, :]
-                    c._idx, c.offset = end, tail.offset + tail.k
-                    return [c.keys, c.values]
-
-                return reads, write
-
-            return prepare
+            # mlx-lm's multi-token layout: the path compacted behind the m
+            # history rows, as one update of the path would have stored it.
+            rows = gather_path(c, m, tail, owned=tail.offset > 0)
+            return CommitPlan(rows.reads, offset=end, rows=rows, end=m + tail.k, idx=m + tail.k)
         if entry is None:
             refuse(c, where, "a root-only path of a multi-node tree must be rewritten into the "
                    "pre-verify ring; pass snapshot=snapshot(cache) taken before the verify")
-        keys0, values0, offset0, idx0 = entry.state
+        offset0 = entry.state[2]
         if offset0 != tail.offset:
             refuse(c, where, f"snapshot offset {offset0} is not offset {tail.offset}")
+        root = (c.keys[..., m : m + 1, :], c.values[..., m : m + 1, :])
+        return CommitPlan(root, restore=entry.state, step=root)
 
-        def prepare():
-            root = [c.keys[..., m : m + 1, :], c.values[..., m : m + 1, :]]
-
-            def write():
-                c.keys, c.values, c.offset, c._idx = keys0, values0, offset0, idx0
-                c._update_in_place(*root)
-                return [c.keys, c.values]
-
-            return root, write
-
-        return prepare
-
-    @staticmethod
-    def _plan_ring(c, tail, filled):
-        ring = Ring(c.max_size, c.keep, tail.offset, np.arange(filled, dtype=np.int64), c._idx)
-        lay = layout(ring, tail.depths, tail.parents)
-        rows, idx = committed(lay, tail.path)
-        end = tail.offset + tail.k
-
-        def prepare():
-            order = mx.array(rows.astype(np.int32))
-            reads = [mx.take(c.keys, order, axis=2), mx.take(c.values, order, axis=2)]
-
-            def write():
-                c.keys, c.values = reads
-                c.offset, c._idx = end, idx
-                return [c.keys, c.values]
-
-            return reads, write
-
-        return prepare
+    def apply(self, c, plan):
+        if plan.restore is not None:
+            # A root-only path: the pre-verify ring (keys, values, offset,
+            # _idx), then the root written by the ring's own one-token step.
+            c.keys, c.values, c.offset, c._idx = plan.restore
+            c._update_in_place(*plan.step)
+            return
+        if plan.arrays is not None:
+            c.keys, c.values = plan.arrays
+        else:
+            keys, values = plan.rows.place(c)
+            c.keys, c.values = keys[..., : plan.end, :], values[..., : plan.end, :]
+        c.offset, c._idx = plan.offset, plan.idx
 
 
 class RingVerify:

@@ -15,7 +15,7 @@ import warnings
 
 import mlx.core as mx
 
-from ..auto.choose import choose
+from ..auto.choose import ChooseOptions, choose
 from ..auto.predict import decode_kwargs as auto_kwargs
 from ..backend.blas import describe, detect
 from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
@@ -126,7 +126,8 @@ def cmd_generate(args) -> int:
     prompt = encode_prompt(tokenizer, resolved.prompt, args.ignore_chat_template)
     chosen = None
     if resolved.auto:
-        chosen = choose(target, draft, tokenizer=tokenizer, allow_inexact=options.allow_inexact)
+        chosen = choose(target, draft, options=ChooseOptions(allow_inexact=options.allow_inexact),
+                        tokenizer=tokenizer)
         options = auto_options(options, auto_kwargs(chosen))
     kwargs = decode_kwargs(options)
     with warnings.catch_warnings(record=True) as caught:

@@ -147,8 +147,7 @@ def top_ids(logprobs: mx.array, k: int) -> mx.array:
     values by lower id (numpy's stable argsort of the negated row): every
     tree drafter's children. Small k (every branching a drafter uses) as k
     argmax reductions, each after masking the ids already taken: cheaper
-    than partitioning the vocabulary (README, "Tree rounds against chain
-    rounds"). The -inf of a masked-out vocabulary entry is first raised to
+    than partitioning the vocabulary (docs/drafting.md#what-a-tree-round-costs). The -inf of a masked-out vocabulary entry is first raised to
     the dtype's lowest finite value, so that a taken id, masked to -inf,
     never wins again: k distinct ids while k fits the row. Larger k: a
     partition, then a sort of the k (a full argsort of a large vocabulary per
@@ -333,8 +332,9 @@ class Drafter:
                 break
             kept += 1
         for c in self.cache:
-            # Appending caches: rows past offset are never read (caches.attention)
-            caches.mode_of(c).restore(c, rnd.offset + kept)
+            # Appending caches (the only ones that grow in parts): the kept
+            # prefix already sits in its rows; mlx-lm's trim (caches.kv).
+            caches.mode_of(c).trim(c, rnd.offset + kept)
         self.pending = [tokens[n] for n in path[kept:]]
         self._quantize(self.cache)  # where mlx-lm's draft steps quantize, between rounds
 

@@ -15,26 +15,27 @@ depth, treespec.verify.positions; recurrent mixers run per depth,
 treespec.verify.tree_recurrence) and returns one row of logits per node: each row
 equals, bit for bit on the CPU reference BLAS, the last row of a plain
 forward over that node's root path from the same cache state (where mlx-lm's
-own one-token and multi-token paths differ, README "Families" says which
+own one-token and multi-token paths differ, docs/families.md#the-table says which
 one). The caches then hold all n nodes; ``commit`` rolls them back to the
 accepted path through treespec.rollback (verify keeps what it needs: a
 snapshot of the cache references and, on hybrid models, the recurrent
 layers' inputs and per-node states).
 """
 
+import itertools
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .. import caches, rollback
-from ..errors import TreeRefused
+from ..errors import RollbackRefused, TreeRefused
 from ..mixers import Discovery, discover, slots
 from ..models import model_type, vocab_size
 from ..tree import DraftTree
-from .attention import rope_owners, rope_refusal, tree_injected
+from .attention import Sites, rope_owners, rope_refusal, tree_injected
 from .guard import restored_on_error, taking_turns
 from ..module_tree import ModuleTree
 from .per_node import one_token_attentions
@@ -42,19 +43,36 @@ from .positions import position_inputs
 from .strategy import RecurrentStrategy, recurrent_strategy
 from .structure import Family, Structure, structure
 
-__all__ = ["Family", "TreeAdapter", "TreeRefused", "adapter_for"]
+__all__ = ["Family", "TreeAdapter", "TreeRefused", "Verified", "adapter_for"]
 
 
-@dataclass(frozen=True)
-class _Verified:
-    """What the last verify of a cache list leaves for its commit."""
+_SERIALS = itertools.count(1)  # one per verify, process-wide: handles of any adapter differ
 
-    cache: Sequence
+
+@dataclass(frozen=True, eq=False)
+class Verified:
+    """One verify, as its commit takes it: returned by
+    :meth:`TreeAdapter.verify_handle`, given to :meth:`TreeAdapter.commit`
+    as ``verified=``. The adapter also keeps the latest one
+    (:attr:`TreeAdapter.last_verified`, without its logits), which a
+    commit without ``verified=`` takes.
+
+    Invariant: a handle can be committed once, and only while it is the
+    latest verify of its adapter and the caches still hold what that verify
+    left (``marks``): anything else is refused with every cache untouched."""
+
+    cache: Sequence  # the cache list the verify wrote into
     offset: Optional[int]  # the cache length before the verify
     topology: DraftTree  # the tree the rows were written by
     snapshot: rollback.Snapshot  # references to the pre-verify state
     captures: Optional[rollback.Captures]  # recurrent inputs and kept states
     written: Optional[dict] = None  # cache id -> what its one update wrote (rows.Written)
+    marks: tuple = ()  # caches.marks(cache) right after the verify
+    serial: int = 0  # which verify: unique in the process
+    owner: int = 0  # id() of the adapter that verified
+    # [n, vocab], row i for node i (only in the caller's handle: the
+    # adapter's own copy holds none, so it keeps no logits buffer alive).
+    logits: Optional[mx.array] = field(default=None, repr=False)
 
 
 class _Census(NamedTuple):
@@ -107,7 +125,10 @@ class TreeAdapter:
         # verify of 2+ nodes, chains too, runs their nodes as one-token steps
         # (treespec.verify.per_node).
         self._one_token = one_token_attentions(model, walked)
-        self._last: Optional[_Verified] = None
+        # The latest verify (its handle without logits), until it is
+        # committed: what a commit without ``verified=`` takes.
+        self._last: Optional[Verified] = None
+        self._committed = 0  # the serial of the latest verify committed
         self._vocab: Optional[int] = None
         # The rope owners of the last walk, valid while the module tree is
         # the snapshot's (treespec.module_tree).
@@ -242,13 +263,23 @@ class TreeAdapter:
                 self._refuse(why)
         return _Census(owners, attention, offsets[0] if offsets else None, bool(recurrent))
 
-    @taking_turns
     def verify(self, tree: DraftTree, cache: Sequence, start: int = 0,
                tokens: Optional[mx.array] = None, inject: Optional[bool] = None) -> mx.array:
-        """Logits [n, vocab], row i for node i, from one forward over the tree.
+        """The logits of :meth:`verify_handle` (same arguments): commit the
+        accepted path with ``commit(cache, tree, path)``, which takes this
+        verify's handle from :attr:`last_verified`."""
+        return self.verify_handle(tree, cache, start, tokens, inject).logits
+
+    @taking_turns
+    def verify_handle(self, tree: DraftTree, cache: Sequence, start: int = 0,
+                      tokens: Optional[mx.array] = None,
+                      inject: Optional[bool] = None) -> Verified:
+        """One forward over the tree: its :class:`Verified`, whose ``logits``
+        [n, vocab] hold row i for node i.
 
         The caches end holding all n nodes (in flattened order); commit the
-        accepted path with :meth:`commit`. ``start`` > 0 continues a tree
+        accepted path with ``commit(cache, tree, path, verified=handle)``.
+        ``start`` > 0 continues a tree
         whose nodes ``0..start-1`` a previous verify of it (with its own
         ``start``) already wrote: only nodes ``start..`` are fed, and their
         n - start rows returned (a drafter growing its tree level by level).
@@ -338,8 +369,10 @@ class TreeAdapter:
             for entry, states in self.recurrent.kept_states():
                 captures.keep(entry, states)
         written = rollback.single_updates(updates) if updates else None
-        self._last = _Verified(cache, offset, tree, snap, captures, written)
-        return logits.squeeze(0)  # a view: logits[0] would gather the row
+        self._last = Verified(cache, offset, tree, snap, captures, written,
+                              caches.marks(cache), next(_SERIALS), id(self))
+        # squeeze: a view, where logits[0] would gather the row
+        return replace(self._last, logits=logits.squeeze(0))
 
     def _plans(self, attention: Sequence, tree: DraftTree) -> dict:
         """cache id -> its mode's verify plan (treespec.caches), for the
@@ -365,10 +398,15 @@ class TreeAdapter:
         positions (treespec.verify.attention.tree_injected); it yields a
         probe that raises if the forward bypassed them. A subclass may inject
         something else (the suites plant defects here)."""
-        return tree_injected(self.model, cache, tree, self.family.rope_attr, owners, start,
-                             self._positions, plans=plans, ropes=ropes,
-                             one_token=self._one_token if ropes else (),
-                             rope_pool=self.rope_pool)
+        sites = Sites(self.family.rope_attr, owners, self._positions,
+                      self._one_token if ropes else (), self.rope_pool)
+        return tree_injected(self.model, cache, tree, sites, start, plans=plans, ropes=ropes)
+
+    @property
+    def last_verified(self) -> Optional[Verified]:
+        """The latest verify's handle (without logits) until it is committed;
+        None before any verify and after its commit."""
+        return self._last
 
     @taking_turns
     def commit(
@@ -377,27 +415,63 @@ class TreeAdapter:
         tree: DraftTree,
         path: Sequence[int],
         offset: Optional[int] = None,
+        *,
+        verified: Optional[Verified] = None,
     ) -> int:
         """Roll the caches back to the accepted root ``path`` of the ``tree``
-        the last :meth:`verify` of this very cache list verified: attention
-        rows compacted, recurrent states replayed along the path
+        verified by ``verified`` (a :meth:`verify_handle`; default
+        :attr:`last_verified`, the latest :meth:`verify` of this adapter):
+        attention rows compacted, recurrent states replayed along the path
         (``treespec.rollback.commit_path``, with the snapshot and recurrent
-        inputs verify recorded). ``offset``, if given, must be the cache length
-        before that verify (a cross-check). Returns the committed length.
-        Raises RollbackRefused with every cache untouched when that cannot be
-        exact."""
+        inputs the verify recorded). ``cache`` and ``tree`` must be the
+        verified cache list and a tree of its topology; ``offset``, if given,
+        the cache length before that verify (a cross-check). Returns the
+        committed length. Raises RollbackRefused, naming the argument at
+        fault, with every cache untouched when that cannot be exact: a
+        handle that is not this adapter's latest verify (another verify or
+        its commit came since), caches written since the verify, or a path
+        the caches cannot keep exactly."""
+        v = self._committable(cache, tree, offset, verified)
         # The topology is what the rows were written by (a chain's verify may
         # have run before its tokens were known).
-        last = self._last
-        if last is None or last.cache is not cache or last.topology.parents != tree.parents:
-            raise ValueError("commit needs the cache list and tree of the last verify")
-        if offset is not None and offset != last.offset:
-            raise ValueError(f"offset {offset} is not the {last.offset} the verify started at")
         committed = rollback.commit_path(
-            cache, last.offset or 0, path, tree, snapshot=last.snapshot, recurrent=last.captures,
-            written=last.written)
-        self._last = None
+            cache, v.offset or 0, path, tree, snapshot=v.snapshot, recurrent=v.captures,
+            written=v.written)
+        self._last, self._committed = None, v.serial
         return committed
+
+    def _committable(self, cache, tree, offset, verified) -> Verified:
+        """The handle a commit of (``cache``, ``tree``) takes, checked to be
+        the latest verify's, of these caches as that verify left them."""
+        last = self._last
+        if verified is None:
+            if last is None:
+                raise RollbackRefused("commit needs the cache list and tree of the last verify: "
+                                      "no verify of this adapter is waiting for its commit")
+            verified = last
+        elif not isinstance(verified, Verified):
+            raise TypeError(f"verified must be a Verified (from verify_handle), got "
+                            f"{type(verified).__name__}")
+        elif verified.owner != id(self):
+            raise RollbackRefused("verified: the handle of another adapter's verify")
+        elif last is None or verified.serial != last.serial:
+            why = ("it was committed already" if verified.serial == self._committed
+                   else "a later verify of this adapter came since")
+            raise RollbackRefused(f"verified: a stale handle: {why}")
+        if verified.cache is not cache:
+            raise RollbackRefused("cache: commit needs the cache list and tree of the last "
+                                  "verify; this is another cache list")
+        if not isinstance(tree, DraftTree) or verified.topology.parents != tree.parents:
+            raise RollbackRefused("tree: commit needs the cache list and tree of the last verify; "
+                                  "its parents are not the verified topology's "
+                                  f"{list(verified.topology.parents)}")
+        if offset is not None and offset != verified.offset:
+            raise RollbackRefused(f"offset: {offset} is not the {verified.offset} the verify "
+                                  "started at")
+        if caches.marks(cache) != verified.marks:
+            raise RollbackRefused("cache: the caches were written since the verify (an offset, "
+                                  "a ring slot or an array is not the one it left)")
+        return verified
 
 
 def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None) -> TreeAdapter:

@@ -18,6 +18,7 @@ a *reason* (``None`` when fine), and everything about a cache by its entry in
 import inspect
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
@@ -102,7 +103,7 @@ def rope_by_node(rope, x: mx.array, offset, depths: mx.array, **kwargs) -> mx.ar
 
     mx.fast.rope takes one offset per batch row, not per token, so tokens
     move onto the batch axis: (B, H, T, D) -> (B*T, H, 1, D) with a vector of
-    B*T offsets. Measured bit-identical to per-token rope (README, "Verify")."""
+    B*T offsets. Measured bit-identical to per-token rope (docs/verify.md#per-node-rope-positions)."""
     B, H, T, D = x.shape
     if T != depths.size:
         raise RuntimeError(
@@ -403,37 +404,51 @@ def injected(
                 setattr(obj, attr, prev)
 
 
+@dataclass(frozen=True)
+class Sites:
+    """Where a model takes its positions, as :func:`tree_injected` injects
+    them (the arguments of :func:`injected` of the same names): the rope
+    attribute name ``rope_attr``, the ``owners`` of ropes (from
+    :func:`rope_owners`), the per-position ``positions`` inputs (from
+    ``position_inputs``), the ``one_token`` attentions run with the nodes on
+    the batch axis, and the ``rope_pool`` of kept TreeRoPE wrappers. None:
+    found by walking the model (owners, positions) or none kept (the pool).
+    A model's adapter resolves them once (treespec.verify.adapter)."""
+
+    rope_attr: str = "rope"
+    owners: Optional[list] = None
+    positions: Optional[list] = None
+    one_token: Sequence = ()
+    rope_pool: Optional[dict] = None
+
+
 def tree_injected(
     model: nn.Module,
     caches: Sequence,
     tree: DraftTree,
-    rope_attr="rope",
-    owners=None,
+    sites: Sites = Sites(),
     start: int = 0,
-    positions=None,
     plans: Optional[dict] = None,
     ropes: bool = True,
     depths=None,
     mask_fn: Optional[MaskFn] = None,
-    one_token: Sequence = (),
-    rope_pool: Optional[dict] = None,
 ):
     """:func:`injected` with the tree's depths and masks, for a forward over
-    the nodes ``start..n-1`` (the cache already holding nodes 0..start-1).
-    The model hands its rope ``cache.offset``, which then counts the
-    ``start`` cached nodes too: node i sits at that minus start plus depth.
-    A cache with a plan (a ring) takes the plan's mask; ``ropes=False`` (a
-    chain) injects no positions. ``depths`` / ``mask_fn`` replace the tree's
-    positions (node i's, counted from ``start``) or masks: the seams the
-    suites plant defects in."""
+    the nodes ``start..n-1`` (the cache already holding nodes 0..start-1),
+    at the model's ``sites``. The model hands its rope ``cache.offset``,
+    which then counts the ``start`` cached nodes too: node i sits at that
+    minus start plus depth. A cache with a plan (a ring) takes the plan's
+    mask; ``ropes=False`` (a chain) injects no positions. ``depths`` /
+    ``mask_fn`` replace the tree's positions (node i's, counted from
+    ``start``) or masks: the seams the suites plant defects in."""
     plans = plans or {}
     if depths is None:
         depths = tree.derived(("depths", start), lambda: mx.array(
             tree.depths()[start:] - start, dtype=mx.int32))
     if mask_fn is None:
         mask_fn = lambda cache, N, window: _checked_tree_mask(cache, tree, N, window, start, plans)
-    return injected(model, caches, depths if ropes else None, mask_fn, rope_attr, owners,
-                    positions, plans, one_token, rope_pool)
+    return injected(model, caches, depths if ropes else None, mask_fn, sites.rope_attr,
+                    sites.owners, sites.positions, plans, sites.one_token, sites.rope_pool)
 
 
 def _checked_tree_mask(cache, tree, N, window, start, plans):
