@@ -64,6 +64,10 @@ def tree_walk(tree: DraftTree, target_tokens: Sequence[int]) -> Walk:
     child can match the target's single token; when siblings carry the same
     token the first in node order wins, so the accepted set is a root path.
     """
+    if not isinstance(tree, DraftTree):
+        # A token list has a length too: refuse it by name before it is read as a tree.
+        raise TypeError(f"tree_walk: tree must be a DraftTree, got {type(tree).__name__} "
+                        f"(a chain of tokens is DraftTree.linear(tokens); its walk is chain_walk)")
     target_tokens = _ids(target_tokens, "target_tokens")
     if len(target_tokens) != len(tree):
         raise ValueError(

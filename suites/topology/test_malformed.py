@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from treespec.tree import DraftTree, TreeError
+from treespec.walk import tree_walk
 
 pytestmark = pytest.mark.exactness
 
@@ -59,3 +60,12 @@ def test_paths_and_children_of_missing_nodes_are_refused(node):
         tree.path_to(node)
     with pytest.raises(TreeError, match=f"node {node}"):
         tree.children(node)
+
+
+@pytest.mark.parametrize("tree", [[1, 2, 3], (1, 2), np.array([1, 2]), None],
+                         ids=["list", "tuple", "numpy", "None"])
+def test_tree_walk_refuses_what_is_not_a_tree_naming_the_argument(tree):
+    # A token list has a length, so without the check it failed deep inside with
+    # "'list' object has no attribute 'tokens'".
+    with pytest.raises(TypeError, match=r"tree_walk: tree must be a DraftTree, got "):
+        tree_walk(tree, [1, 2, 3])

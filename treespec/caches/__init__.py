@@ -243,14 +243,16 @@ def apply(c, plan: Optional[CommitPlan]) -> None:
 def marks(cache: Sequence) -> tuple:
     """What any later update of a model's cache list changes, read without
     touching an array: per cache (CacheList entries included) its identity,
-    offset and ring slot, and the identity of its key, value and recurrent
-    slot arrays. A verify's handle keeps these and its commit compares them
-    (treespec.verify.adapter.Verified), to refuse a commit of caches written
-    since. Not a comparison of contents: a caller that moved an offset back
-    by hand and wrote as many rows again in place leaves the same marks."""
+    its offset and ring slot (every mlx-lm update of an attention cache
+    advances them), and for a recurrent cache the identity of its slot
+    arrays (an update replaces them). A verify's handle keeps these and its
+    commit compares them (treespec.verify.adapter.Verified), to refuse a
+    commit of caches written since. Not a comparison of contents: a caller
+    that moved an offset back by hand and wrote as many rows again in place
+    leaves the same marks. Read twice a round, so kept to what an update
+    changes (half the cost of also naming the key and value arrays)."""
     return tuple((id(c), getattr(c, "offset", None), getattr(c, "_idx", None),
-                  id(getattr(c, "keys", None)), id(getattr(c, "values", None)),
-                  tuple(map(id, getattr(c, "cache", ()))))
+                  tuple(map(id, c.cache)) if isinstance(c, ArraysCache) else ())
                  for _, c in leaves(cache))
 
 
