@@ -12,6 +12,7 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 
 from treespec.caches import rotating_kept
+from treespec.errors import TreeRefused
 from treespec.evidence.numerics import FlatRecurrence
 from treespec.verify import TreeAdapter, adapter_for
 from treespec.verify.attention import Sites, tree_injected
@@ -103,6 +104,16 @@ class NoBonus(TreeAdapter):
         return w
 
 
+class RefusesEveryVerify(TreeAdapter):
+    """An adapter that refuses every verify, chains included, as a backend
+    without the tree path's kernels would (treespec once refused every
+    recurrent mixer on Metal by name): nothing of the model is compared, so
+    an audit of it must not pass."""
+
+    def verify_handle(self, tree, cache, start=0, tokens=None, inject=None):
+        raise TreeRefused(self.model_type, "planted: no verify on this backend")
+
+
 def causal_mask(model):
     return _rebuild(CausalMask, model)
 
@@ -131,6 +142,10 @@ def last_sibling(model):
 
 def no_bonus(model):
     return _rebuild(NoBonus, model)
+
+
+def refuses_every_verify(model):
+    return _rebuild(RefusesEveryVerify, model)
 
 
 def real(model):

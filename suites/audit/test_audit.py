@@ -54,7 +54,7 @@ def test_audit_passes_on_zoo_checkpoints(family, drafter, capsys):
         args += ["--draft-model", zoo.drafter_checkpoint(family)]
     rc, report = run_json(capsys, *args)
     lines = [line(c) for c in report["checks"]]
-    assert rc == 0 and report["ok"], "\n".join(lines)
+    assert rc == 0 and report["ok"] and report["unverified"] == [], "\n".join(lines)
     # every property ran and reported, in every cache mode the model has
     props = {c["name"].split("[", 1)[0] for c in report["checks"]}
     assert props == set(audit.PROPERTIES)
@@ -160,6 +160,49 @@ def test_a_refused_family_fails_the_adapter_property(tmp_path, capsys):
     assert "DynamicNTKScalingRoPE" in status["adapter"]["detail"]
     assert status["tree-verify"]["status"] == "skip"
     assert status["walk-linear"]["status"] == "pass"
+
+
+def test_an_audit_that_compared_nothing_of_the_model_is_not_verified(capsys):
+    """An adapter refusing every verify (as a backend without the tree path's
+    kernels would): every row of linear-verify, tree-verify and rollback is
+    skipped, nothing fails, and the audit still must not pass: it says NOT
+    VERIFIED, naming them, and exits 1 (it said PASSED and exited 0)."""
+    llama = zoo.checkpoint("llama")
+    defect = "suites.audit.helpers_defects:refuses_every_verify"
+    rc, report = run_json(capsys, "--model", llama, "--adapter", defect, "--context", "0")
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert report["failed"] == [] and rc == 1, [line(c) for c in report["checks"]]
+    assert report["unverified"] == ["linear-verify", "tree-verify", "rollback"]
+    assert report["verdict"] == audit.NOT_VERIFIED
+    assert status["probe"] == audit.SKIP and status["walk-linear"] == audit.PASS
+    assert cli.main(["audit", "--model", str(llama), "--adapter", defect, "--context", "0"]) == 1
+    text = capsys.readouterr().out
+    assert "PASSED" not in text
+    assert text.rstrip().splitlines()[-1].startswith(
+        "NOT VERIFIED (every row of linear-verify, tree-verify, rollback skipped")
+    # --only leaves the verifying properties out on purpose: what ran passed.
+    rc, report = run_json(capsys, "--model", llama, "--adapter", defect, "--only", "walk-linear")
+    assert rc == 0 and report["unverified"] == [] and report["verdict"] == audit.PASS
+
+
+def test_a_skipped_row_of_a_user_checkpoint_is_never_recorded_as_bit_exact(tmp_path):
+    """`pytest --target-model`: rows the adapter refused compared nothing, so
+    the verdict table holds no row of them (they were recorded bit-exact)."""
+    table = tmp_path / "verdicts.json"
+    cmd = [sys.executable, "-m", "pytest", "suites/audit/test_user_model.py", "-q",
+           "-p", "no:cacheprovider", "-p", "no:xdist", "-m", "exactness",
+           "-k", "linear-verify or tree-verify or rollback or walk-linear",
+           "--target-model", str(zoo.checkpoint("llama")),
+           "--adapter", "suites.audit.helpers_defects:refuses_every_verify",
+           "--verdict-json", str(table)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=CHILD_ENV, capture_output=True, text=True)
+    assert proc.returncode == 0 and "1 passed, 3 skipped" in proc.stdout, proc.stdout[-3000:]
+    rows = json.loads(table.read_text())
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    contracts = {r["contract"]: r["verdict"] for r in rows}
+    assert contracts.get("audit: walk-linear") == numerics.BIT_EXACT, contracts  # read at all
+    assert [c for c in contracts if c.startswith(("audit: linear-verify", "audit: tree-verify",
+                                                  "audit: rollback"))] == [], contracts
 
 
 def test_usage_errors_exit_2(capsys):

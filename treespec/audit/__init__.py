@@ -31,10 +31,12 @@ their ``adapter=`` / ``walk=`` arguments.
 """
 
 from .command import cmd_audit
-from .records import FAIL, INCONCLUSIVE, INEXACT, PASS, SKIP, Check, Options, Report
+from .records import (FAIL, INCONCLUSIVE, INEXACT, NOT_VERIFIED, PASS, SKIP, VERIFYING, Check,
+                      Options, Report)
 from .runner import CHECKS, PROPERTIES, audit, check, format_report, header, run
 from .subject import Subject, load_adapter, subject
 
-__all__ = ["CHECKS", "FAIL", "INCONCLUSIVE", "INEXACT", "PASS", "PROPERTIES", "SKIP", "Check", "Options",
+__all__ = ["CHECKS", "FAIL", "INCONCLUSIVE", "INEXACT", "NOT_VERIFIED", "PASS", "PROPERTIES", "SKIP",
+           "VERIFYING", "Check", "Options",
            "Report", "Subject", "audit", "check", "cmd_audit", "format_report",
            "header", "load_adapter", "run", "subject"]

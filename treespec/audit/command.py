@@ -28,7 +28,9 @@ def cmd_audit(args) -> int:
         print(json.dumps(report.to_json()))
     else:
         print(format_report(report))
-    return 0 if report.ok else 1  # inconclusive rows are reported, as pytest reports skips
+    # Inconclusive rows are reported and pass, as pytest reports skips; a
+    # model whose verify or rollback compared nothing was not audited: 1.
+    return 0 if report.ok and not report.unverified() else 1
 
 
 def _tree_nodes(text: str) -> tuple:

@@ -16,7 +16,7 @@ from ..draft import make_drafter
 from ..errors import TreeRefused
 from ..evidence.gate import CONTEXT, Probe, compare_shape, configuration
 from .e2e_props import e2e_modes
-from .records import FAIL, INCONCLUSIVE, INEXACT, PASS, Check
+from .records import FAIL, INCONCLUSIVE, INEXACT, PASS, SKIP, Check
 from .subject import Subject, the_adapter
 
 
@@ -62,7 +62,9 @@ def check_probe(s: Subject) -> List[Check]:
     shapes = probe_shapes(s.options.block)
     probe, refused = _probe(s, shapes)
     s._memo["probe"] = probe
-    note = f"; {len(refused)} branching shapes refused ({refused[0][1]})" if refused else ""
+    if not probe.shapes:  # every shape refused: nothing was compared
+        return [Check("probe", SKIP, f"the adapter refuses every shape ({refused[0][1]})")]
+    note = f"; {len(refused)} shapes refused ({refused[0][1]})" if refused else ""
     bad = [r for r in probe.shapes if not r.identical]
     ms = sorted({r.m for r in probe.shapes})
     if not bad:

@@ -16,6 +16,12 @@ from ..evidence import numerics
 
 PASS, FAIL, SKIP, INEXACT = "pass", "FAIL", "skip", "inexact"
 INCONCLUSIVE = numerics.INCONCLUSIVE
+NOT_VERIFIED = "not verified"
+# The properties that run the model's own verify and rollback. Where one of
+# them ran and every row of it was skipped (refused, nothing to compare), the
+# audit compared nothing of what treespec does to this model: whatever the
+# other rows say, that is not a pass.
+VERIFYING = ("linear-verify", "tree-verify", "rollback")
 
 
 @dataclass
@@ -73,15 +79,26 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        """FAIL if any row failed, else inconclusive if any row is, else pass."""
+        """FAIL if any row failed, else not verified if a verifying property
+        ran without comparing anything, else inconclusive if any row is, else
+        pass."""
         if not self.ok:
             return numerics.FAIL
+        if self.unverified():
+            return NOT_VERIFIED
         if any(c.status == INCONCLUSIVE for c in self.checks):
             return numerics.INCONCLUSIVE
         return PASS
 
     def failed(self) -> List[str]:
         return [c.name for c in self.checks if not c.ok]
+
+    def unverified(self) -> List[str]:
+        """The :data:`VERIFYING` properties that ran and whose every row was
+        skipped. A property left out (``--only``) is not among them."""
+        ran = {c.prop for c in self.checks}
+        return [p for p in VERIFYING if p in ran
+                and all(c.status == SKIP for c in self.checks if c.prop == p)]
 
     def to_json(self) -> dict:
         return {
@@ -90,6 +107,7 @@ class Report:
             "header": self.header,
             "checks": [{**asdict(c), "ok": c.ok} for c in self.checks],
             "failed": self.failed(),
+            "unverified": self.unverified(),
             "probe": self.probe.to_json() if self.probe is not None else None,
             "seconds": round(self.seconds, 2),
         }

@@ -164,7 +164,7 @@ def format_report(report: Report) -> str:
     lines.append(f"{'-' * width}  {'-' * vw}  {'-' * 6}")
     for c in report.checks:
         lines.append(f"{c.name:<{width}}  {c.verdict:<{vw}}  {c.detail}")
-    if report.probe is not None:
+    if report.probe is not None and report.probe.shapes:
         lines += ["", report.probe.table()]
     words = []
     for c in report.checks:
@@ -173,6 +173,9 @@ def format_report(report: Report) -> str:
     summary = ", ".join(f"{sum(c.verdict == w for c in report.checks)} {w}" for w in words)
     if not report.ok:
         verdict = f"FAILED ({', '.join(report.failed())})"
+    elif report.unverified():
+        verdict = (f"NOT VERIFIED (every row of {', '.join(report.unverified())} skipped: "
+                   "nothing of the model's verify or rollback was compared)")
     elif report.verdict == INCONCLUSIVE:
         verdict = "INCONCLUSIVE (" + ", ".join(c.name for c in report.checks if c.status == INCONCLUSIVE) + ")"
     else:
