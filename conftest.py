@@ -134,3 +134,21 @@ class GoldenExtension(AmberSnapshotExtension):
 @pytest.fixture
 def snapshot(snapshot):
     return snapshot.use_extension(GoldenExtension)
+
+
+RECORD_GOLDENS = "python -m pytest {path} --snapshot-update"
+
+
+@pytest.fixture
+def golden_missing(request):
+    """None where this regime's goldens of the requesting test file exist (or
+    are being recorded); else what to say: a regime nobody recorded yet (a
+    new backend) has none, and its tests report that with the one command
+    that records them, after checking what they check against an independent
+    reference in the same run, instead of failing on a missing snapshot."""
+    test_file = Path(str(request.node.fspath))
+    golden = GOLDEN / test_file.parent.name / _regime() / f"{test_file.stem}.ambr"
+    if request.config.option.update_snapshots or golden.exists():
+        return None
+    command = RECORD_GOLDENS.format(path=test_file.relative_to(Path(__file__).parent))
+    return f"golden not recorded for regime {_regime()}: run `{command}`"

@@ -6,6 +6,7 @@ pytest process may itself run under either BLAS.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ REPORT = (
     "print('START', flush=True)\n"
     "i = blas.{call}\n"
     "d = dict(name=i.name, cpu=i.cpu_name, library=i.library, threads=i.threads, key=i.key(),\n"
+    "         regime=blas.regime(i),\n"
     "         mapped=list(i.mapped), describe=blas.describe(i), preload=__import__('os').environ.get('LD_PRELOAD'),\n"
     "         guard=__import__('os').environ.get(blas.REEXEC_ENV))\n"
     "print('INFO ' + json.dumps(d), flush=True)\n"
@@ -63,6 +65,39 @@ def preloaded():
     proc, _, info = _run(LD_PRELOAD=OPENBLAS)
     assert proc.returncode == 0, proc.stderr
     return info
+
+
+# Measured, not named: the gate's probe of a branching tree under the preloaded library.
+GATE = (
+    "from treespec import zoo\n"
+    "from treespec.evidence.gate import decide\n"
+    "d = decide(zoo.build('llama'), [(-1, 0, 0, 1), (-1, 0, 1, 2)])\n"
+    "print('GATE', d.run, d.exact)\n"
+)
+
+
+@linux_only
+def test_a_blas_nobody_identified_is_never_taken_for_the_reference_blas(plain, tmp_path):
+    """Every BLAS ships a libblas.so.3 (Debian's BLIS and ATLAS too, exporting
+    nothing of their own); one was once taken for the reference BLAS by that
+    file name and held to its bit-exactness (238 failures under BLIS). Here
+    the wheel's own reference library, copied to a folder no known BLAS lives
+    in under that shared name: detection cannot identify it, so it is
+    "unknown", keyed and recorded by where it lives; and the gate measures it
+    exact all the same (the name decides nothing)."""
+    folder = tmp_path / "someblas"
+    folder.mkdir()
+    copy = folder / "libblas.so.3"
+    shutil.copy(plain["library"], copy)
+    proc, _, info = _run(LD_PRELOAD=str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert info["library"] == os.path.realpath(copy), info  # the copy is what MLX calls
+    assert (info["name"], info["regime"]) == ("unknown", "unknown-someblas-libblas-so-3"), info
+    assert info["key"] == "cpu/unknown/someblas/libblas.so.3"
+    assert info["describe"].startswith("BLAS: unknown (")
+    gate = subprocess.run([sys.executable, "-c", GATE], cwd=ROOT, capture_output=True, text=True,
+                          env=_env(LD_PRELOAD=str(copy)))
+    assert "GATE True True" in gate.stdout, gate.stdout + gate.stderr[-2000:]
 
 
 @linux_only

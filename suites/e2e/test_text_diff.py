@@ -78,7 +78,8 @@ def classic_text(family, target, tokenizer, prompt):
 
 @pytest.mark.parametrize("prompt", PROMPTS.values(), ids=PROMPTS.keys())
 @pytest.mark.parametrize("mode", MODES.values(), ids=MODES.keys())
-def test_speculative_text_is_byte_identical_to_mlx_lm_generate(pair, mode, prompt, snapshot):
+def test_speculative_text_is_byte_identical_to_mlx_lm_generate(pair, mode, prompt, snapshot,
+                                                                golden_missing):
     (family, dtype), target, draft, tokenizer = pair
     expected = classic_text((family, dtype), target, tokenizer, prompt)
     result = decode(target, tokenizer.encode(prompt), draft_model=draft,
@@ -99,6 +100,10 @@ def test_speculative_text_is_byte_identical_to_mlx_lm_generate(pair, mode, promp
                                     f"{first_divergence(detokenize(tokenizer, forced.tokens), expected)}",
                                     gate["max_abs_diff"])
     expect(verdict, E2E, family, dtype)
+    if golden_missing:
+        # The contract is decided above, against mlx_lm.generate in this run; only the
+        # pin of this backend's texts is missing, and the message says how to record it.
+        pytest.skip(golden_missing)
     if regime() not in EXACT_REGIMES:
         # Elsewhere round statistics depend on the kernel the machine's
         # library picks (docs/numerics.md#goldens-per-regime): the text is pinned.

@@ -4,11 +4,16 @@ depend on which kernel a machine gets (this machine's OpenBLAS declines
 float32 chain b=2, where another machine's ran it)."""
 
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_subprocess import project_env
+from treespec.backend import blas
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "golden" / "e2e"
@@ -58,3 +63,30 @@ def test_only_exact_regimes_goldens_pin_round_statistics():
             assert all("rounds" in x for x in fields), f
         else:
             assert fields == {("text", "tokens")}, (f, fields)
+
+
+@pytest.mark.exactness
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
+def test_a_regime_without_goldens_is_told_how_to_record_them(tmp_path):
+    """A backend nobody recorded (here MLX's own reference library, copied
+    where no known BLAS lives: an unidentified regime of its own): the text
+    diff still runs against mlx_lm.generate in the same run and passes its
+    verdict, and only the missing pin is reported, with the one command
+    that records it, instead of "Snapshot does not exist". Nothing is
+    written to golden/."""
+    copy = tmp_path / "someblas" / "libblas.so.3"
+    copy.parent.mkdir()
+    shutil.copy(blas.detect().library, copy)
+    before = sorted(p.name for p in GOLDEN.iterdir())
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "suites/e2e/test_text_diff.py", "-q", "-rs",
+         "-p", "no:cacheprovider", "-p", "no:xdist",
+         "-k", "test_speculative_text and llama-float32 and chain-b2 and prose"],
+        cwd=ROOT, env=project_env("LD_PRELOAD", LD_PRELOAD=str(copy)), capture_output=True,
+        text=True)
+    assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout[-3000:]
+    assert ("golden not recorded for regime unknown-someblas-libblas-so-3: run `python -m "
+            "pytest suites/e2e/test_text_diff.py --snapshot-update`") in proc.stdout
+    assert re.search(r"e2e: text = mlx_lm.generate\s+llama\s+float32\s+bit-exact", proc.stdout), \
+        proc.stdout[-3000:]
+    assert sorted(p.name for p in GOLDEN.iterdir()) == before

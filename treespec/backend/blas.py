@@ -109,7 +109,9 @@ class BlasInfo:
         if self.version:
             parts.append(self.version.replace(" ", "-"))
         elif self.library:
-            parts.append(Path(self.library).name)
+            # An unidentified library is told apart by where it lives, not by a
+            # file name every BLAS shares (libblas.so.3).
+            parts.append(_where(self.library))
         if self.threads is not None and self.cpu_name != "reference":
             parts.append(f"t{self.threads}")
         return "/".join(parts)
@@ -252,8 +254,11 @@ def _classify(library: str):
         return "accelerate", _fixed(None), None
     if "openblas" in base:
         return "openblas", _fixed(None), None
-    if re.match(r"libblas([-.]|$)", base) or "mlx_cpu.libs" in library or "/blas/" in library:
-        # netlib reference BLAS (the wheel's bundled copy, or Debian's libblas3): single-threaded
+    if "mlx_cpu.libs" in library or "/blas/" in library:
+        # netlib reference BLAS: the wheel's bundled copy, or Debian's libblas3 (its
+        # alternatives folder). Single-threaded. Only these two: every BLAS ships a
+        # libblas.so.3 (Debian's BLIS and ATLAS do, exporting nothing of their own), and
+        # one taken for the reference BLAS would be held to its bit-exactness.
         m = re.search(r"\.so\.(\d+(?:\.\d+)*)$", base)
         return "reference", _fixed(1), (f"netlib-{m.group(1)}" if m else None)
     return "unknown", _fixed(None), None
@@ -304,11 +309,25 @@ def detect(mapped: bool = True) -> BlasInfo:
     )
 
 
+def _where(library: str) -> str:
+    """A library's folder and file name, e.g. ``blis-pthread/libblas.so.3``."""
+    path = Path(library)
+    return f"{path.parent.name}/{path.name}"
+
+
 def regime(info: BlasInfo | None = None) -> str:
     """The name a numerics regime's goldens are kept under: the CPU BLAS
-    ("reference", "openblas", ...) or, on a GPU, its backend ("cuda", "metal")."""
+    ("reference", "openblas", ...) or, on a GPU, its backend ("cuda",
+    "metal"). A library nobody identified is named by where it lives
+    ("unknown-blis-pthread-libblas-so-3"), never after a known one: its
+    records are its own. The name keys records; what the regime computes
+    exactly is measured, never read off the name."""
     info = info or detect()
-    return _gpu_backend() if info.name == "gpu" else info.name
+    if info.name == "gpu":
+        return _gpu_backend()
+    if info.name == "unknown" and info.library:
+        return "unknown-" + re.sub(r"[^a-z0-9]+", "-", _where(info.library).lower()).strip("-")
+    return info.name
 
 
 def describe(info: BlasInfo | None = None) -> str:
