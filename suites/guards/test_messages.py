@@ -10,7 +10,9 @@ import struct
 import mlx.core as mx
 import pytest
 
-from treespec import zoo
+from suites.audit.helpers_defects import refuses_every_verify
+from suites.guards import helpers as guard_helpers
+from treespec import decode, zoo
 from treespec.checkpoints import load_checkpoint
 from treespec.errors import UsageError
 from treespec.evidence.gate import decide, probe
@@ -92,3 +94,19 @@ def test_a_missing_tokenizer_is_named_as_missing(checkpoint):
 def test_an_intact_checkpoint_still_loads(checkpoint):
     model, tokenizer = load_checkpoint(checkpoint, "model")
     assert tokenizer.encode("import os") and model.layers
+
+
+@pytest.mark.parametrize("mode", [dict(mode="chain", block=3), dict(mode="tree", budget=4)])
+def test_an_adapter_refusing_what_the_run_would_verify_is_a_decline_not_an_exception(mode):
+    """A refusal met by the gate's probe (an adapter, or a backend, that will
+    not verify the run's shapes) ends in a decline saying why, and the text is
+    classic decoding's; it escaped decode as a TreeRefused."""
+    target = guard_helpers.model()
+    adapter = refuses_every_verify(target)
+    ids = guard_helpers.prompt(6)
+    result = decode(target, ids, draft_model=guard_helpers.drafter(), max_tokens=8,
+                    adapter=adapter, adapter_name="refuses_every_verify", **mode)
+    gate = result.stats.summary()["gate"]
+    assert result.stats.mode == f"classic (declined {mode['mode']})"
+    assert "the adapter refuses a shape this run would verify: planted" in gate["reason"]
+    assert result.tokens == decode(target, ids, mode="classic", max_tokens=8).tokens

@@ -42,6 +42,7 @@ from .. import caches
 from . import gate_memo
 from ..backend.attention_check import AttentionCheck, interleaved_rows_match
 from ..backend.blas import detect
+from ..errors import TreeRefused
 from ..models import model_type, prefilled, vocab_size
 from ..options import MAX_DRAFT_NODES
 from ..backend.soundness import faults as kernel_faults, holds_scales
@@ -426,6 +427,12 @@ def decide(model, shapes, allow_inexact: bool = False, draws: int = DRAWS, adapt
         mode = f" in cache mode {', '.join(f'{k} {v}' for k, v in d.items())}" if d else ""
         return Decision(False, False, "declined to classic decode: this backend cannot run the "
                         f"probe's multi-token forwards{mode}: {str(e).splitlines()[0][:200]}")
+    except TreeRefused as e:
+        # The adapter refuses a shape the run would verify (on this backend, in this cache
+        # mode, at this size): nothing was measured, and the rounds would be refused the
+        # same way. A decline saying why, never an exception out of a decode.
+        return Decision(False, False, f"declined to classic decode: the adapter refuses a "
+                        f"shape this run would verify: {e.reason}")
     if p.identical:
         return Decision(True, True, f"probe passed: {len(p.shapes)} shapes bit-identical "
                         f"to single-token steps ({p.config['blas']}, {p.config['device']})", p)
