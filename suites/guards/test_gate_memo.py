@@ -8,6 +8,7 @@ dtype): then the new measurement shows in the probe itself, a new key and
 the NaN of the edited weights, and the decline is recorded as the verdict."""
 
 import math
+import platform
 
 import mlx.core as mx
 import pytest
@@ -16,7 +17,7 @@ from suites.helpers_gate import gate_verdict
 from suites.helpers_numerics import model_label
 from suites.verdict import GATE, expect
 from treespec import zoo
-from treespec.evidence.gate import configuration, decide
+from treespec.evidence.gate import configuration, decide, probe
 
 pytestmark = pytest.mark.exactness
 
@@ -69,3 +70,21 @@ def test_the_probe_key_names_the_weights_quantization(bits, group_size):
     kw = {} if bits is None else {"bits": bits, "group_size": group_size}
     config = configuration(zoo.build("llama", "bfloat16", **kw))
     assert config["weight_quant"] == ([] if bits is None else [f"{bits}bit/g{group_size}"])
+
+
+def test_the_probe_key_names_the_machine_and_the_tf32_setting(monkeypatch):
+    """What can change a verdict besides the model and the BLAS is in the key:
+    the device's name (a GPU model, an Apple chip, a paravirtual GPU), the OS,
+    and MLX's TF32 switch (float32 at TF32 precision on CUDA and M5)."""
+    model = zoo.build("llama")
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    off = configuration(model)
+    assert off["machine"]["device_name"] == mx.device_info()["device_name"]
+    assert off["machine"]["os"] == f"{platform.system()} {platform.release()}"
+    monkeypatch.setenv("MLX_ENABLE_TF32", "1")
+    on = configuration(model)
+    assert (off["tf32"], on["tf32"]) == ("0", "1")
+    # Two probes, not one memo: the setting is in the key the memo is read by.
+    key_on = probe(model, [(-1, 0, 0)]).key
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    assert probe(model, [(-1, 0, 0)]).key != key_on

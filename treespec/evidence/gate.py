@@ -22,9 +22,12 @@ round loop probes only the trees its max_tokens lets it verify.
 """
 
 import copy
+import functools
 import hashlib
 import json
 import math
+import os
+import platform
 import random
 import time
 import weakref
@@ -184,6 +187,18 @@ def _hash_weights(params) -> str:
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=None)
+def _machine(device: str) -> dict:
+    """What can change the arithmetic besides the model and the BLAS: the
+    device's own name (a GPU, or an Apple chip: MLX picks kernels by it; a
+    paravirtual GPU is a device of its own) and the OS (its drivers and
+    system BLAS). Read once per device per process."""
+    info = mx.device_info()
+    return {"device_name": str(info.get("device_name", "?")),
+            "architecture": str(info.get("architecture", platform.machine())),
+            "os": f"{platform.system()} {platform.release()}"}
+
+
 def configuration(model: nn.Module, params=None) -> dict:
     """Everything the verdict depends on, readable. ``params``:
     ``tree_flatten(model.parameters())`` if the caller has it."""
@@ -203,6 +218,10 @@ def configuration(model: nn.Module, params=None) -> dict:
         "kv_quant": None,
         "blas": detect(mapped=False).key(),
         "device": str(mx.default_device()),
+        "machine": _machine(str(mx.default_device())),
+        # MLX multiplies float32 as TF32 where the hardware has it unless this is 0:
+        # read every call (a process may set it), and named even where it does nothing.
+        "tf32": os.environ.get("MLX_ENABLE_TF32", "unset"),
         "mlx": mx.__version__,
     }
 
