@@ -127,8 +127,12 @@ class GoldenExtension(AmberSnapshotExtension):
 
     @classmethod
     def dirname(cls, *, test_location) -> str:
-        suite = Path(test_location.filepath).parent.name
-        return str(GOLDEN / suite / _regime())
+        return str(_golden_dir(Path(test_location.filepath)))
+
+
+def _golden_dir(test_file: Path) -> Path:
+    """Where this regime's goldens of a test file live: golden/<suite>/<regime>/."""
+    return GOLDEN / test_file.parent.name / _regime()
 
 
 @pytest.fixture
@@ -147,7 +151,7 @@ def golden_missing(request):
     that records them, after checking what they check against an independent
     reference in the same run, instead of failing on a missing snapshot."""
     test_file = Path(str(request.node.fspath))
-    golden = GOLDEN / test_file.parent.name / _regime() / f"{test_file.stem}.ambr"
+    golden = _golden_dir(test_file) / f"{test_file.stem}.ambr"
     if request.config.option.update_snapshots or golden.exists():
         return None
     command = RECORD_GOLDENS.format(path=test_file.relative_to(Path(__file__).parent))

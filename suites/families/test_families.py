@@ -6,7 +6,8 @@ each a tiny seeded model of mlx-lm's own classes (helpers_configs) verified
 through ``adapter_for`` against mlx-lm's own forwards over root paths, from a
 history inside and one past every window, then committed and decoded on
 (suites/families/helpers says what is compared and the one documented
-difference). Its line, printed at the end of the run, is a row of docs/families.md#the-table. The expected refusals and the audit record
+difference). Its line, printed at the end of the run, is a row of
+docs/families.md#the-table. The expected refusals and the audit record
 (treespec.verify.audited) are pinned here: a family that starts or stops
 verifying fails until both are updated.
 """

@@ -1,7 +1,9 @@
-"""Goldens per numerics regime (golden/e2e/<regime>/, docs/numerics.md#goldens-per-regime): every regime's goldens pin texts and token ids; only an exact
-regime's (the CPU reference BLAS) also pin round statistics, which elsewhere
-depend on which kernel a machine gets (this machine's OpenBLAS declines
-float32 chain b=2, where another machine's ran it)."""
+"""Goldens per numerics regime (golden/e2e/<regime>/,
+docs/numerics.md#goldens-per-regime): every regime's goldens pin texts and
+token ids; only an exact regime's (the CPU reference BLAS) also pin round
+statistics, which elsewhere depend on which kernel a machine gets (this
+machine's OpenBLAS declines float32 chain b=2, where another machine's ran
+it); a regime with no goldens yet says how to record them."""
 
 import re
 import shutil

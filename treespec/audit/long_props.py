@@ -1,8 +1,10 @@
-"""Audit properties at the sizes a real run reaches (docs/contracts.md#auditing-a-checkpoint-or-adapter): ``--context N`` tokens of history (default 1100: past the
-1024 keys where attention kernels switch paths, which the short histories of
-the other rows never reach) and trees of the sizes the drafters will verify
-(the e2e drafters' widest chain and largest tree, and ``--tree-nodes``, default 32 and 64:
-EAGLE-sized trees, past the 32 rows where matmuls switch GEMM paths).
+"""Audit properties at the sizes a real run reaches
+(docs/contracts.md#auditing-a-checkpoint-or-adapter): ``--context N`` tokens
+of history (default 1100: past the 1024 keys where attention kernels switch
+paths, which the short histories of the other rows never reach) and trees
+of the sizes the drafters will verify (the e2e drafters' widest chain and
+largest tree, and ``--tree-nodes``, default 32 and 64: EAGLE-sized trees,
+past the 32 rows where matmuls switch GEMM paths).
 
 Two rows: ``long-context[tree-verify]`` (every node against a plain forward
 over its root path, judged like tree-verify) and ``long-context[probe]``

@@ -2,14 +2,13 @@
 target's own text: one teacher-forced forward of the draft model instead of
 one decode per shape.
 
-Under greedy decoding every round commits the target's text (contract 9, docs/contracts.md#contract-9-greedy-text-equals-mlx_lm-generate),
-so the draft model only ever sees a prefix of that text, and the round that
-starts after ``p`` tokens accepts, at depth j, the child whose token is the
-target's token ``p + j``. Every top-k drafter makes a node's children its
-best tokens, best first (``treespec.draft.top_children``: float32 logits,
-ties to the lower id), so whether that child exists depends only on the
-**rank** of the target's token among the draft's logits after that prefix,
-and on the shape: a node with k children has the ranks 0..k-1. So
+Under greedy decoding every round commits the target's text (contract 9,
+docs/contracts.md#contract-9-greedy-text-equals-mlx_lm-generate), so the draft model only ever sees
+a prefix of that text, and the round that starts after ``p`` tokens accepts, at depth j, the child
+whose token is the target's token ``p + j``. Every top-k drafter makes a node's children its best
+tokens, best first (``treespec.draft.top_children``: float32 logits, ties to the lower id), so
+whether that child exists depends only on the **rank** of the target's token among the draft's
+logits after that prefix, and on the shape: a node with k children has the ranks 0..k-1. So
 
 - :func:`draft_ranks` (the one device step) runs the draft model once over
   the prompt and the target's text and returns, for each text token, its

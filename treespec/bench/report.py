@@ -259,10 +259,10 @@ def format_report(report: dict) -> str:
     return "\n".join(out)
 
 
-# auto's predictions are from the fastest calibration repeat, so a timed row
-# a little under its prediction is normal; far under it, the timed rows ran
-# slower than the same configuration outside the bench (docs/numerics.md#tf32-and-cudnn-attention-on-cuda:
-# cuDNN attention's graph builds did that).
+# auto's predictions are from the fastest calibration repeat, so a timed row a little under its
+# prediction is normal; far under it, the timed rows ran slower than the same configuration outside
+# the bench (docs/numerics.md#tf32-and-cudnn-attention-on-cuda: cuDNN attention's graph builds did
+# that).
 SUSPECT_BELOW = 0.7
 
 
@@ -300,8 +300,9 @@ class Matched(NamedTuple):
 
 def chain_vs_mlx_lm(report: dict) -> List[Matched]:
     """Each block both decoders ran at. The same text can take a different
-    number of rounds (the two chains draft by different argmax rules, docs/drafting.md#the-chain), so beside the speed ratio: both round counts and what a
-    round costs, each decoder's decode time over its rounds."""
+    number of rounds (the two chains draft by different argmax rules, docs/drafting.md#the-chain),
+    so beside the speed ratio: both round counts and what a round costs, each decoder's decode time
+    over its rounds."""
     by = {(r["kind"], r["block"]): r for r in report["rows"]}
     out = []
     for (kind, b), r in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):

@@ -180,6 +180,14 @@ class Chunked(Appending):
         return super().plan_commit(c, where, tail, entry, recurrent, c.start_position)
 
 
+def _place_and_cut(c, plan) -> None:
+    """The path's rows placed (``plan.rows``), then the arrays themselves cut
+    to the ``plan.end`` rows kept: for caches whose later updates append
+    after the arrays' end, not after ``offset``."""
+    keys, values = plan.rows.place(c)
+    c.keys, c.values = keys[..., : plan.end, :], values[..., : plan.end, :]
+
+
 class Concatenate(Mode):
     """ConcatenateKVCache: every update builds new arrays and ``trim`` only
     moves ``offset`` (the next update concatenates after the stale tail), so
@@ -215,8 +223,7 @@ class Concatenate(Mode):
         return CommitPlan(rows.reads, offset=end, rows=rows, end=end)
 
     def apply(self, c, plan):
-        keys, values = plan.rows.place(c)
-        c.keys, c.values = keys[..., : plan.end, :], values[..., : plan.end, :]
+        _place_and_cut(c, plan)
         c.offset = plan.offset
 
 
@@ -351,8 +358,7 @@ class Rotating(Mode):
         if plan.arrays is not None:
             c.keys, c.values = plan.arrays
         else:
-            keys, values = plan.rows.place(c)
-            c.keys, c.values = keys[..., : plan.end, :], values[..., : plan.end, :]
+            _place_and_cut(c, plan)
         c.offset, c._idx = plan.offset, plan.idx
 
 

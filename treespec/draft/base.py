@@ -144,14 +144,13 @@ ARGMAX_PASSES = 4
 
 def top_ids(logprobs: mx.array, k: int) -> mx.array:
     """Per row, the ids of the ``k`` largest values, largest first, equal
-    values by lower id (numpy's stable argsort of the negated row): every
-    tree drafter's children. Small k (every branching a drafter uses) as k
-    argmax reductions, each after masking the ids already taken: cheaper
-    than partitioning the vocabulary (docs/drafting.md#what-a-tree-round-costs). The -inf of a masked-out vocabulary entry is first raised to
-    the dtype's lowest finite value, so that a taken id, masked to -inf,
-    never wins again: k distinct ids while k fits the row. Larger k: a
-    partition, then a sort of the k (a full argsort of a large vocabulary per
-    level is far slower)."""
+    values by lower id (numpy's stable argsort of the negated row): every tree drafter's children.
+    Small k (every branching a drafter uses) as k argmax reductions, each after masking the ids
+    already taken: cheaper than partitioning the vocabulary
+    (docs/drafting.md#what-a-tree-round-costs). The -inf of a masked-out vocabulary entry is first
+    raised to the dtype's lowest finite value, so that a taken id, masked to -inf, never wins
+    again: k distinct ids while k fits the row. Larger k: a partition, then a sort of the k (a full
+    argsort of a large vocabulary per level is far slower)."""
     k = min(k, logprobs.shape[-1])
     if k <= ARGMAX_PASSES:
         ids = [mx.argmax(logprobs, axis=-1, keepdims=True)]

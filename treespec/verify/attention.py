@@ -101,9 +101,9 @@ def node_positions(offset, depths: mx.array, batch: int) -> mx.array:
 def rope_by_node(rope, x: mx.array, offset, depths: mx.array, **kwargs) -> mx.array:
     """Apply ``rope`` to ``x`` (B, H, T, D) with token t at ``offset + depths[t]``.
 
-    mx.fast.rope takes one offset per batch row, not per token, so tokens
-    move onto the batch axis: (B, H, T, D) -> (B*T, H, 1, D) with a vector of
-    B*T offsets. Measured bit-identical to per-token rope (docs/verify.md#per-node-rope-positions)."""
+    mx.fast.rope takes one offset per batch row, not per token, so tokens move onto the batch axis:
+    (B, H, T, D) -> (B*T, H, 1, D) with a vector of B*T offsets. Measured bit-identical to
+    per-token rope (docs/verify.md#per-node-rope-positions)."""
     B, H, T, D = x.shape
     if T != depths.size:
         raise RuntimeError(

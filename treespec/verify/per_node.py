@@ -45,11 +45,11 @@ _LATENT = (MultiLinear, QuantizedMultiLinear)
 def one_token_attentions(model: nn.Module,
                          walked: Optional[list] = None) -> List[Tuple[str, object, object, nn.Module]]:
     """``(path, container, key, module)`` of every multi-head latent
-    attention of ``model`` (a module with a ``MultiLinear`` child, which
-    absorbs the key projection on its one-token path), in model order, but
-    those that select their keys (deepseek_v32's ``indexer``: its top-k
-    would rank the tree's non-ancestors too, and gather the keys in another
-    order than a step does). Those keep the multi-token path (docs/families.md#refused-and-why). ``walked``: ``slots(model)`` if the caller has it."""
+    attention of ``model`` (a module with a ``MultiLinear`` child, which absorbs the key projection
+    on its one-token path), in model order, but those that select their keys (deepseek_v32's
+    ``indexer``: its top-k would rank the tree's non-ancestors too, and gather the keys in another
+    order than a step does). Those keep the multi-token path (docs/families.md#refused-and-why).
+    ``walked``: ``slots(model)`` if the caller has it."""
     return [(path, container, key, m) for path, container, key, m in
             (slots(model) if walked is None else walked)
             if "indexer" not in m and any(isinstance(v, _LATENT) for v in m.values())]
