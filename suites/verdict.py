@@ -146,12 +146,29 @@ def envelope():
 def pytest_addoption(parser):
     parser.addoption("--verdict-json", default=None, metavar="PATH",
                      help="write the treespec verdict table (per contract x family x dtype) as JSON")
+    parser.addoption("--strict-verdicts", action="store_true",
+                     help="fail the run (exit 1) when a contract row is inconclusive, a golden is "
+                     "not recorded for this backend, or fewer rows than --min-proven are proven "
+                     "(bit-exact or within envelope): green then means every contract concluded")
+    parser.addoption("--min-proven", type=int, default=None, metavar="N",
+                     help="with --strict-verdicts: the fewest verdict rows that must be proven")
+
+
+# Skips that are a golden this backend has not recorded (conftest.golden_missing's
+# message): reported apart, and a failure under --strict-verdicts.
+GOLDEN_MISSING = "golden not recorded"
 
 
 _COLLECTOR = []
 
 
 def pytest_configure(config):
+    floor = config.getoption("--min-proven")
+    if floor is not None and not config.getoption("--strict-verdicts"):
+        raise pytest.UsageError("--min-proven: it is a floor of --strict-verdicts, which is off; "
+                                "add --strict-verdicts or drop --min-proven")
+    if floor is not None and floor < 0:
+        raise pytest.UsageError(f"--min-proven {floor}: a count of rows, 0 or more")
     config._treespec_verdicts = _Collector()
     _COLLECTOR[:] = [config._treespec_verdicts]
 
@@ -175,12 +192,16 @@ class _Collector:
     def __init__(self):
         self.rows = defaultdict(lambda: {"records": [], "tests": 0, "words": defaultdict(int)})
         self.skipped = 0
+        self.goldens = defaultdict(int)  # golden_missing's message -> tests that said it
 
     def add(self, report):
         if "exactness" not in report.keywords:
             return
         recorded = next((v for k, v in report.user_properties if k == PROPERTY), None)
         if report.when == "call" or (report.when == "setup" and not report.passed):
+            missing = _golden_missing(report)
+            if missing:
+                self.goldens[missing] += 1
             if report.skipped and not recorded:
                 self.skipped += 1
                 return
@@ -212,6 +233,29 @@ class _Collector:
                 "counts": dict(row["words"]), "detail": w.get("detail", ""),
             })
         return out
+
+
+    def proven(self) -> int:
+        return sum(r["verdict"] in (numerics.BIT_EXACT, numerics.WITHIN) for r in self.table())
+
+    def strict_failures(self, floor) -> list:
+        """Why --strict-verdicts fails this run ([] where it does not)."""
+        rows = self.table()
+        out = [f"inconclusive: {r['contract']} [{r['family']} {r['dtype']}]" for r in rows
+               if r["verdict"] == numerics.INCONCLUSIVE]
+        out += [f"{n} test(s): {msg}" for msg, n in sorted(self.goldens.items())]
+        if floor is not None and self.proven() < floor:
+            out.append(f"{self.proven()} rows proven (bit-exact or within envelope), "
+                       f"fewer than --min-proven {floor}")
+        return out
+
+
+def _golden_missing(report) -> str:
+    """golden_missing's message, where this report is that skip."""
+    if not report.skipped or not isinstance(report.longrepr, tuple):
+        return ""
+    reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+    return reason if reason.startswith(GOLDEN_MISSING) else ""
 
 
 def _crash(report) -> str:
@@ -251,6 +295,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for r in rows:
         if r["verdict"] in (numerics.FAIL, numerics.INCONCLUSIVE, numerics.DECLINED):
             tr.write_line(f"  {r['verdict']} {r['contract']} [{r['family']} {r['dtype']}]: {r['detail'][:300]}")
+    for msg, n in sorted(collector.goldens.items()):
+        tr.write_line(f"  not recorded ({n} tests): {msg}")
+    failures = getattr(config, "_treespec_strict", None)
+    if failures:
+        tr.write_line(f"--strict-verdicts: this run fails ({len(failures)} reasons):")
+        for why in failures:
+            tr.write_line(f"  {why}")
 
 
 def _header() -> str:
@@ -258,11 +309,21 @@ def _header() -> str:
     return f"regime {regime()}; {describe()}; MLX_ENABLE_TF32={tf32}"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    path = config.getoption("--verdict-json")
     collector = getattr(config, "_treespec_verdicts", None)
-    if not path or collector is None or hasattr(config, "workerinput"):
+    if collector is None or hasattr(config, "workerinput"):
         return
-    Path(path).write_text(json.dumps({"header": _header(), "rows": collector.table(),
-                                      "skipped_without_verdict": collector.skipped}, indent=1))
+    if config.getoption("--strict-verdicts"):
+        failures = collector.strict_failures(config.getoption("--min-proven"))
+        config._treespec_strict = failures
+        if failures and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    path = config.getoption("--verdict-json")
+    if path:
+        Path(path).write_text(json.dumps({
+            "header": _header(), "rows": collector.table(),
+            "skipped_without_verdict": collector.skipped, "proven": collector.proven(),
+            "goldens_not_recorded": dict(collector.goldens),
+            "strict_failures": getattr(config, "_treespec_strict", None)}, indent=1))

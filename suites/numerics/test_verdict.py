@@ -74,3 +74,74 @@ def test_every_test_s_verdict_reaches_the_table_and_the_json_from_xdist_workers(
     assert any(r["tests"] == 1 and r["verdict"] == "bit-exact" for k, r in rows.items() if k[1] == "-")
     assert "1 skipped" in proc.stdout and "2 failed" in proc.stdout
     assert "inconclusive, c2 [fam f32]" in proc.stdout  # the skip carries the figures
+
+
+STRICT = '''
+import pytest
+from suites.verdict import expect
+from treespec.evidence import numerics
+
+pytestmark = pytest.mark.exactness
+
+
+def test_proven():
+    expect(numerics.Verdict(numerics.BIT_EXACT), "proven", "fam", "f32")
+
+
+def test_within():
+    expect(numerics.Verdict(numerics.WITHIN, 2e-6, 1e-6, 8e-6, 1.0, "fine"), "proven", "fam", "bf16")
+
+
+@pytest.mark.parametrize("case", {CASES})
+def test_unproven(case):
+    if case == "inconclusive":
+        expect(numerics.Verdict(numerics.INCONCLUSIVE, 1e-3, 1e-3, 4e-3, 1e-2, "controls 0.01"),
+               "weak", "fam", "f32")
+    if case == "golden":
+        pytest.skip("golden not recorded for regime planted: run `python -m pytest x --snapshot-update`")
+'''
+
+
+def run_strict(tmp_path, cases, *args):
+    (tmp_path / "test_planted.py").write_text(STRICT.replace("{CASES}", repr(list(cases))))
+    out = tmp_path / "verdict.json"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "suites.verdict",
+           "--rootdir", str(tmp_path), "-W", "ignore::pytest.PytestUnknownMarkWarning",
+           str(tmp_path / "test_planted.py"), "--verdict-json", str(out), *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=project_env(), capture_output=True, text=True,
+                          timeout=600)
+    return proc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("inconclusive", "inconclusive: weak [fam f32]"),
+    ("golden", "1 test(s): golden not recorded for regime planted: run `python -m pytest x "
+               "--snapshot-update`"),
+])
+def test_strict_verdicts_fail_a_run_that_left_a_contract_unproven(tmp_path, case, reason):
+    """Without --strict-verdicts an inconclusive contract and a golden this
+    backend never recorded are skips (reported, the run green); with it,
+    the run fails and says why: green means every contract concluded."""
+    proc, data = run_strict(tmp_path, [case])
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    if case == "golden":
+        assert "not recorded (1 tests): golden not recorded for regime planted" in proc.stdout
+    proc, data = run_strict(tmp_path, [case], "--strict-verdicts")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert f"--strict-verdicts: this run fails (1 reasons):\n  {reason}" in proc.stdout
+    assert data["strict_failures"] == [reason]
+
+
+def test_strict_verdicts_hold_a_floor_of_proven_rows(tmp_path):
+    proc, data = run_strict(tmp_path, [], "--strict-verdicts", "--min-proven", "2")
+    assert proc.returncode == 0 and data["proven"] == 2, proc.stdout[-3000:]
+    proc, data = run_strict(tmp_path, [], "--strict-verdicts", "--min-proven", "3")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert data["strict_failures"] == [
+        "2 rows proven (bit-exact or within envelope), fewer than --min-proven 3"]
+
+
+def test_a_floor_without_strict_verdicts_is_a_usage_error(tmp_path):
+    proc, _ = run_strict(tmp_path, [], "--min-proven", "2")
+    assert proc.returncode == 4, proc.stdout[-3000:]
+    assert "--min-proven: it is a floor of --strict-verdicts, which is off" in proc.stderr
