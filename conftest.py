@@ -1,9 +1,11 @@
 """Project-wide pytest setup: markers, hypothesis profiles, golden snapshots,
-``--blas`` (the CPU regime), the verdict table (suites/verdict.py), the
-order tests reach xdist's workers (suites/scheduling.py), and a private
-folder for the probe's disk memo."""
+``--blas`` (the CPU regime), ``--device`` (MLX's device, set before mlx-lm is
+imported), the verdict table (suites/verdict.py), the order tests reach
+xdist's workers (suites/scheduling.py), and a private folder for the probe's
+disk memo."""
 
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -24,6 +26,8 @@ from hypothesis import HealthCheck, settings
 from syrupy.extensions.amber import AmberSnapshotExtension
 
 from treespec.backend import blas
+from treespec.cli import startup
+from treespec.errors import UsageError as TreespecUsageError
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -49,7 +53,7 @@ settings.register_profile(
 )
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser, pluginmanager):
     parser.addoption(
         "--hypothesis-profile-name",
         default=None,
@@ -69,6 +73,29 @@ def pytest_addoption(parser):
         help="the CPU BLAS MLX multiplies with: openblas re-executes pytest with Debian's "
              "OpenBLAS preloaded (the fast, inexact regime), reference without any preloaded "
              "BLAS; auto keeps this process's (default)")
+    parser.addoption("--device", choices=startup.DEVICES, default=None,
+                     help=f"{startup.DEVICE_HELP}; xdist workers and the suite's subprocesses "
+                     "compute on the same device")
+    _apply_device(parser, pluginmanager)
+
+
+def _apply_device(parser, pluginmanager):
+    """``--device``, applied now: this hook runs as this conftest registers,
+    before its ``pytest_plugins`` are imported, and they import mlx-lm (by
+    pytest_configure mlx_lm.generate is loaded, its stream made on the default
+    device: treespec/cli/startup.py says why that is too late). The command line
+    is not parsed yet, so it is read here as pytest reads it: the ini's addopts,
+    then PYTEST_ADDOPTS, then the arguments (an xdist worker gets its
+    controller's arguments, so it sets the same device)."""
+    config = pluginmanager.get_plugin("pytestconfig")
+    args = [*config.getini("addopts"), *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")),
+            *config.invocation_params.args]
+    try:
+        name = startup.apply_device(parser.parse_known_and_unknown_args(args)[0].device)
+    except TreespecUsageError as e:
+        raise pytest.UsageError(str(e))
+    if name is not None:  # the suite's subprocesses (treespec, child pytest runs) inherit it
+        os.environ[startup.DEVICE_ENV] = name
 
 
 def _choose_blas(config):
@@ -76,6 +103,10 @@ def _choose_blas(config):
     (LD_PRELOAD only takes effect in a new process). xdist workers inherit
     the controller's environment and must already have it."""
     choice = config.getoption("--blas")
+    try:
+        startup.refuse_blas_on_gpu(choice, config.getoption("--device"))
+    except TreespecUsageError as e:
+        raise pytest.UsageError(str(e))
     if choice == "auto":
         return
     if os.environ.get("PYTEST_XDIST_WORKER"):

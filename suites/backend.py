@@ -17,9 +17,8 @@ from typing import Optional
 import mlx.core as mx
 import pytest
 
-from suites.verdict import BACKEND_GAP, EXACT_REGIMES, PROPERTY
+from suites.verdict import BACKEND_GAP, exact_backend, PROPERTY
 from treespec.evidence import numerics
-from treespec.backend.blas import regime
 
 _NO_KERNEL = re.compile(
     r"\[quantized_matmul\] No implementation for problem shape: (\d+)x(\d+)x(\d+)x(\d+), "
@@ -80,7 +79,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if call.when != "call" or call.excinfo is None or not report.failed:
         return
-    if not isinstance(call.excinfo.value, RuntimeError) or regime() in EXACT_REGIMES:
+    if not isinstance(call.excinfo.value, RuntimeError) or exact_backend():
         return  # on an exact regime a missing kernel is a regression: it stays a failure
     error = reproduce(str(call.excinfo.value))
     if error is None:

@@ -1,6 +1,6 @@
 """The exactness gate's decision as a test checks it on every backend
 (docs/numerics.md#writing-a-numeric-test): where the regime is exact
-(``suites.helpers_numerics.EXACT_REGIMES``) the gate must let speculation
+(``suites.helpers_numerics.exact_backend``) the gate must let speculation
 run; elsewhere it may decline instead, and then it is its probe's own
 measurement and says why. Either way the decision becomes a verdict for the
 table (bit-exact, or declined by gate with the reason), never a silent
@@ -11,9 +11,8 @@ pass.
 
 from typing import Optional
 
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from treespec.evidence import numerics
-from treespec.backend.blas import regime
 
 DECLINED = "declined to classic decode"  # how treespec.evidence.gate.decide's reason starts
 
@@ -24,7 +23,7 @@ def gate_verdict(gate: dict, reported: Optional[str] = None,
     ``treespec.evidence.gate.Decision.summary()``, made without ``allow_inexact``) and
     return its verdict. ``reported``/``requested``: the run's mode and the
     mode asked for; a declined run reports ``classic (declined MODE)``."""
-    if regime() in EXACT_REGIMES:
+    if exact_backend():
         assert gate["run"], gate["reason"]
     # Speculation runs exactly where the probe found every shape identical.
     assert gate["run"] == gate["exact"], gate

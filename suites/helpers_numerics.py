@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from suites.verdict import EXACT_REGIMES, SOUND, expect  # noqa: F401  (EXACT_REGIMES re-exported)
+from suites.verdict import exact_backend, SOUND, expect  # noqa: F401  (exact_backend re-exported)
 from treespec.evidence import numerics
 from treespec.backend import soundness
 from treespec.models import model_type

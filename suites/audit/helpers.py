@@ -1,16 +1,15 @@
 """Reading `treespec audit`'s rows on every backend (docs/numerics.md#the-verdict-words).
 
 A row that compares forwards (verify, rollback, e2e, ...) passes where the
-regime is exact (``suites.helpers_numerics.EXACT_REGIMES``); elsewhere it may
+regime is exact (``suites.helpers_numerics.exact_backend``); elsewhere it may
 also be ``inconclusive`` (the negative controls did not separate from the
 backend's envelope: CUDA), and then it carries its figures. Rows that compare
 no forward (the adapter, the walks) pass on every backend. Rows are the
 audit's ``--json`` dicts or its ``Check`` objects."""
 
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from treespec.evidence import numerics
 from treespec.audit.records import INCONCLUSIVE, PASS
-from treespec.backend.blas import regime
 
 
 def field(row, key: str):
@@ -23,7 +22,7 @@ def line(row) -> str:
 
 def numeric_statuses() -> tuple:
     """What a row comparing forwards may say in this regime."""
-    return (PASS,) if regime() in EXACT_REGIMES else (PASS, INCONCLUSIVE)
+    return (PASS,) if exact_backend() else (PASS, INCONCLUSIVE)
 
 
 def assert_numeric_row(row, context: str = ""):

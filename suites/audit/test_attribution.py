@@ -13,7 +13,7 @@ from mlx_lm.models.cache import QuantizedKVCache
 
 from suites.audit.helpers import assert_numeric_row, rows_verdict
 from suites.families.helpers_models import build
-from suites.helpers_numerics import EXACT_REGIMES, model_label
+from suites.helpers_numerics import exact_backend, model_label
 from suites.verdict import AUDIT, record
 from treespec.backend.blas import regime
 from treespec.audit import runner
@@ -78,7 +78,7 @@ def test_a_treespec_crash_in_one_mode_fails_that_row_only():
     # H200: no quantized_matmul kernel for it), that row says so; never on an
     # exact regime, where mlx-lm runs every mode of this model.
     alone = [r for r in others if r.status == SKIP and (r.first_failure or {}).get("mlx_lm_alone")]
-    if regime() in EXACT_REGIMES:
+    if exact_backend():
         assert not alone, [r.line() for r in alone]
     crashed = [r for r in others if r not in alone]
     assert all(r.status == FAIL and "planted" in r.detail for r in crashed), [r.line() for r in crashed]

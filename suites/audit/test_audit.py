@@ -18,13 +18,12 @@ import pytest
 
 from suites.audit.helpers import assert_numeric_row, line, rows_verdict
 from suites.audit.helpers_defects import DEFECTS
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from suites.helpers_subprocess import project_env
 from suites.verdict import AUDIT, expect, record
 from treespec import audit, zoo
 from treespec.cli import main as cli
 from treespec.evidence import numerics
-from treespec.backend.blas import regime
 
 pytestmark = pytest.mark.exactness
 
@@ -73,7 +72,7 @@ def test_audit_passes_on_zoo_checkpoints(family, drafter, capsys):
         kv4 = rows["rollback[kv-q4-g32]"]
         # A backend without mlx-lm's kernel for it (CUDA: quantized_matmul at
         # group 32) is said, and is not treespec's failure.
-        unrun = (regime() not in EXACT_REGIMES and kv4["status"] == "skip"
+        unrun = (not exact_backend() and kv4["status"] == "skip"
                  and "mlx-lm alone fails" in kv4["detail"])
         if not unrun:
             assert_numeric_row(kv4)
@@ -98,7 +97,7 @@ def test_gemma_probe_on_a_wrapped_window_is_exact_where_the_backend_is(capsys):
     rc, report = run_json(capsys, "--model", zoo.checkpoint("gemma3_text"), "--only", "probe")
     (probe,) = report["checks"]
     assert rc == 0, probe
-    if regime() in EXACT_REGIMES:
+    if exact_backend():
         assert probe["status"] == "pass" and probe["verdict"] == "bit-exact", probe
         assert report["probe"]["identical"], report["probe"]
     else:
@@ -235,7 +234,7 @@ def test_the_cli_as_a_subprocess_prints_the_table_and_exits_1():
     tree_row = next(l for l in out.splitlines() if l.startswith("tree-verify[native]"))
     word = tree_row.split()[1]  # the verdict column
     assert word in ("bit-exact", "within") + (
-        () if regime() in EXACT_REGIMES else (numerics.INCONCLUSIVE,)), tree_row
+        () if exact_backend() else (numerics.INCONCLUSIVE,)), tree_row
     if word == numerics.INCONCLUSIVE:
         assert "max |diff|" in tree_row and "bound" in tree_row, tree_row
     record(numerics.Verdict(next(w for w in numerics.WORDS if w.startswith(word)),
@@ -254,7 +253,7 @@ def test_pytest_options_audit_a_user_checkpoint():
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "FAILED suites/audit/test_user_model.py::test_user_model[walk-siblings]" in proc.stdout
     assert "first child wins" in proc.stdout
-    if regime() in EXACT_REGIMES:
+    if exact_backend():
         assert f"1 failed, {len(audit.PROPERTIES) - 1} passed" in proc.stdout, proc.stdout[-3000:]
         return
     # Elsewhere a property whose rows are inconclusive is a skip, saying so

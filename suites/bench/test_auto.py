@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from treespec.auto.choose import ChooseOptions, choose
 from treespec.auto.calibrate import CALIBRATION_PROMPTS
 from treespec.backend.blas import regime
@@ -315,7 +315,7 @@ def test_a_spine_auto_never_ran_is_predicted_to_emit_what_decoding_it_emits():
     tokens per round is what decoding that spine on the calibration prompts
     emits per round, counted from the decodes' own statistics. Exact regimes
     only (there the replay equals the round loop, suites/e2e/test_emission)."""
-    if regime() not in EXACT_REGIMES:
+    if not exact_backend():
         pytest.skip(f"inconclusive on {regime()}: the replay equals the round loop only where "
                     "the draft's forwards over the whole text equal its incremental ones")
     target, draft, tok = load_default_pair()

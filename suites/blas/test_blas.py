@@ -238,3 +238,25 @@ def test_the_key_follows_an_openblas_thread_count_changed_at_run_time():
     threads_before, key_before, threads_after, key_after = json.loads(line[5:])
     assert (threads_before, threads_after) == (2, 1)
     assert key_before.endswith("/t2") and key_after.endswith("/t1"), (key_before, key_after)
+
+
+@pytest.mark.parametrize("setting", ["0", "1", None])
+def test_every_report_naming_the_backend_names_the_float32_precision(setting, monkeypatch):
+    """generate's, bench's, audit's and the verdict table's backend line is
+    describe()'s: with TF32 (MLX's default where the hardware has it) float32
+    products round to 10 bits, so a record must say which it was made at."""
+    if setting is None:
+        monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
+    else:
+        monkeypatch.setenv("MLX_ENABLE_TF32", setting)
+    assert blas.describe().endswith(f", MLX_ENABLE_TF32={setting or 'unset'}"), blas.describe()
+
+
+@pytest.mark.parametrize("backend, device, regime", [
+    ("metal", "Apple M2 Max", "metal-apple-m2-max"),
+    ("metal", "Apple Paravirtual device", "metal-apple-paravirtual-device"),
+    ("cuda", "NVIDIA H100 80GB HBM3", "cuda"),
+    ("metal", "", "metal"),
+])
+def test_a_metal_chip_and_githubs_paravirtual_gpu_keep_goldens_of_their_own(backend, device, regime):
+    assert blas.gpu_regime(backend, device) == regime

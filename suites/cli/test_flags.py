@@ -217,7 +217,7 @@ def test_help_names_the_default_pair(capsys):
 
 
 def test_the_dispatch_table_names_each_commands_function():
-    assert set(COMMANDS) == {"generate", "bench", "audit"}
+    assert set(COMMANDS) == {"generate", "bench", "audit", "census"}
     for name in COMMANDS:
         assert callable(command(name))
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from suites.e2e.helpers import deepest_path
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from suites.verify import helpers
 from treespec.bench.prompts import PROMPTS
 from treespec.backend.blas import regime
@@ -52,7 +52,7 @@ def test_the_confidence_tree_is_eagle2s_per_depth_tree(budget, width, on_device)
     """Against the independent reference: the same candidates kept, with the
     same scores, laid out in first-choice order with ``logprobs`` in rank
     order; round after round (committing through both kinds of path)."""
-    if regime() not in EXACT_REGIMES:  # forwards of different widths, compared bit for bit
+    if not exact_backend():  # forwards of different widths, compared bit for bit
         pytest.skip(f"inconclusive on {regime()}: the drafted tree's log-probabilities against a reference drafted with forwards of other widths compares forwards of different "
                     "widths bit for bit, which only an exact regime makes equal (no envelope yet)")
 
@@ -90,7 +90,7 @@ def test_the_confidence_tree_feeds_and_ranks_only_what_can_be_kept(on_device, bo
     along random tokens for the zoo's random llama (flat, so siblings get
     kept). The same rounds with either bound one lower lose a kept node in
     some round: the test reaches the bound it pins."""
-    if regime() not in EXACT_REGIMES:  # forwards of different widths, compared bit for bit
+    if not exact_backend():  # forwards of different widths, compared bit for bit
         pytest.skip(f"inconclusive on {regime()}: the reference drafts with forwards of other "
                     "widths, compared bit for bit, which only an exact regime makes equal")
     _, trained, tokenizer = load_default_pair()

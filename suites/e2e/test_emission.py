@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from treespec.bench.prompts import PROMPTS
 from treespec.backend.blas import regime
 from treespec.checkpoints import load_default_pair
@@ -31,7 +31,7 @@ SHAPES = {
 
 
 def _exact_only():
-    if regime() not in EXACT_REGIMES:
+    if not exact_backend():
         pytest.skip(f"inconclusive on {regime()}: the replay assumes the draft's forward over "
                     "the whole text equals its incremental forwards, and the decodes equal "
                     "classic's, which only an exact regime makes hold bit for bit")

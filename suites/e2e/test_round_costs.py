@@ -11,7 +11,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from suites.e2e.helpers import deepest_path
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from suites.verify import helpers
 from treespec.backend.blas import regime
 from treespec import caches, zoo
@@ -159,7 +159,7 @@ def test_the_draft_cache_after_commit_holds_the_committed_text(family, name):
     """Against a plain forward over the committed text: the commit trims to
     the fed prefix of the accepted path and queues the rest, which the next
     round feeds in front of its root. Bit-identical on the reference BLAS."""
-    if regime() not in EXACT_REGIMES:  # forwards of different widths, compared bit for bit
+    if not exact_backend():  # forwards of different widths, compared bit for bit
         pytest.skip(f"inconclusive on {regime()}: the draft cache's rows against a plain forward over the whole text compares forwards of different "
                     "widths bit for bit, which only an exact regime makes equal (no envelope yet)")
     make, _ = DRAFTERS[name]

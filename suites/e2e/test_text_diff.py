@@ -16,11 +16,10 @@ import mlx_lm
 import pytest
 
 from suites.helpers_gate import gate_verdict
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from suites.verdict import E2E, expect
 from treespec.evidence import numerics
 from treespec import zoo
-from treespec.backend.blas import regime
 from treespec.decoding import decode, detokenize
 
 pytestmark = pytest.mark.exactness
@@ -104,7 +103,7 @@ def test_speculative_text_is_byte_identical_to_mlx_lm_generate(pair, mode, promp
         # The contract is decided above, against mlx_lm.generate in this run; only the
         # pin of this backend's texts is missing, and the message says how to record it.
         pytest.skip(golden_missing)
-    if regime() not in EXACT_REGIMES:
+    if not exact_backend():
         # Elsewhere round statistics depend on the kernel the machine's
         # library picks (docs/numerics.md#goldens-per-regime): the text is pinned.
         assert snapshot == {"text": text, "tokens": result.tokens}

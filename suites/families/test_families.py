@@ -21,7 +21,7 @@ from mlx_lm.utils import load_model
 
 from suites.families import helpers as H
 from suites.families import helpers_models as M
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from suites.verdict import expect
 from treespec.evidence import numerics
 from treespec.backend.blas import regime
@@ -88,7 +88,7 @@ def check(name: str, outcome: H.Outcome, record: bool = True) -> None:
         pinned = outcome.verdict == H.EXACT or (
             outcome.verdict == H.ROOT_ROW and "one-token path" not in outcome.detail)
     if not pinned and outcome.verdict not in (H.REFUSED, H.CANNOT_RUN) \
-            and regime() not in EXACT_REGIMES:
+            and not exact_backend():
         verdict = H.envelope_verdict(outcome)
         if record:
             expect(verdict, H.CONTRACT, name)
@@ -175,7 +175,7 @@ def test_a_latent_attention_left_on_the_multi_token_path_fails_its_pin():
     Off an exact regime that branch's difference from the steps is one of
     two widths, what the envelope measures: the pin is bit-level there."""
     outcome = H.run("deepseek_v3", MultiTokenLatent)
-    if regime() not in EXACT_REGIMES and outcome.verdict == H.WRONG:
+    if not exact_backend() and outcome.verdict == H.WRONG:
         expect(numerics.Verdict(numerics.INCONCLUSIVE, detail=(
             f"a bit-level pin, and {regime()} is not an exact regime: {outcome.line()}")),
             H.CONTRACT, "deepseek_v3 (multi-token plant)")

@@ -18,10 +18,9 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from suites.families import helpers as H
 from suites.families import helpers_models as M
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
 from suites.verdict import expect
 from treespec.evidence import numerics
-from treespec.backend.blas import regime
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
@@ -41,7 +40,7 @@ def test_a_per_position_scale_reaches_each_node_as_its_step_sees_it():
     refs = mx.stack([M.forward(model, copy.deepcopy(before),
                                [tree.tokens[j] for j in tree.path_to(i)], whole=True)[-1]
                      for i in range(len(tree))])
-    if regime() in EXACT_REGIMES:
+    if exact_backend():
         diffs = [M.maxdiff(refs[i], rows[i]) for i in range(len(tree))]
         assert diffs == [0.0] * len(tree), diffs
     env = lambda: numerics.envelope(model, len(prompt), numerics.widths_of(tree, 2))

@@ -13,7 +13,7 @@ import pytest
 
 import suites.verdict as verdict_plugin
 from suites import backend
-from suites.helpers_numerics import EXACT_REGIMES, require_sound
+from suites.helpers_numerics import exact_backend, require_sound
 from suites.helpers_subprocess import project_env
 from suites.verdict import unrecorded
 from treespec.evidence import numerics
@@ -70,7 +70,7 @@ def q4():
 
 
 def test_this_backends_quantized_products_are_sound_where_it_is_exact(q4):
-    if regime() not in EXACT_REGIMES:
+    if not exact_backend():
         pytest.skip(f"{regime()}: soundness is measured, not expected, off the exact regimes")
     for bits in (4, 8):
         assert soundness.faults(zoo.build("llama", "bfloat16", bits)) == ()
@@ -121,10 +121,10 @@ def test_a_kernel_unsound_only_at_a_samples_prefill_width_makes_the_envelope_uns
 def test_unsound_kernels_fail_an_exact_regime_and_skip_elsewhere(planted, q4, monkeypatch):
     planted("not finite")
     with unrecorded():
-        monkeypatch.setattr(verdict_plugin, "regime", lambda: "reference")
-        with pytest.raises(pytest.fail.Exception, match="which is exact"):
+        monkeypatch.setattr(verdict_plugin, "exact_backend", lambda: True)
+        with pytest.raises(pytest.fail.Exception, match="measured exact by the census"):
             require_sound(q4, WIDTHS)
-        monkeypatch.setattr(verdict_plugin, "regime", lambda: "cuda")
+        monkeypatch.setattr(verdict_plugin, "exact_backend", lambda: False)
         with pytest.raises(pytest.skip.Exception, match="not finite"):
             require_sound(q4, WIDTHS)
 
@@ -157,7 +157,7 @@ def test_a_missing_kernel_is_reproduced_on_mlx_alone_before_it_is_blamed_on_the_
         monkeypatch):
     msg = ("[quantized_matmul] No implementation for problem shape: 5x8x32x4, transpose: true, "
            'activation: float32, bits: 4, group size: 32, mode: "affine".')
-    if regime() in EXACT_REGIMES:  # MLX's CPU has the kernel: such a failure stays a failure
+    if exact_backend():  # MLX's CPU has the kernel: such a failure stays a failure
         assert backend.reproduce(msg) is None
     assert backend.reproduce("some other RuntimeError") is None
 
@@ -176,7 +176,7 @@ import pytest
 import suites.backend
 
 pytestmark = pytest.mark.exactness
-suites.backend.regime = lambda: REGIME
+suites.backend.exact_backend = lambda: EXACT
 REAL = mx.quantized_matmul
 MSG = ("[quantized_matmul] No implementation for problem shape: 5x8x32x4, transpose: true, "
        'activation: float32, bits: 4, group size: 32, mode: "affine".')
@@ -201,9 +201,9 @@ def test_fails_on_its_own():
 '''
 
 
-@pytest.mark.parametrize("inner_regime", ["cuda", "reference"])
-def test_only_a_reproduced_missing_kernel_turns_a_failure_into_not_run(tmp_path, inner_regime):
-    (tmp_path / "test_inner.py").write_text(INNER.replace("REGIME", repr(inner_regime)))
+@pytest.mark.parametrize("exact", [False, True], ids=["inexact", "exact"])
+def test_only_a_reproduced_missing_kernel_turns_a_failure_into_not_run(tmp_path, exact):
+    (tmp_path / "test_inner.py").write_text(INNER.replace("EXACT", repr(exact)))
     # The parent's path after the project's (on the H200 MLX lives in a private site dir).
     env = project_env()
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
@@ -211,8 +211,8 @@ def test_only_a_reproduced_missing_kernel_turns_a_failure_into_not_run(tmp_path,
            "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path / "test_inner.py")]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     out = proc.stdout
-    if inner_regime == "cuda":
+    if not exact:
         assert "1 failed, 1 skipped" in out and "not run on this backend" in out, out[-2000:]
         assert "backend: kernel exists" in out  # its row in the verdict table
-    else:  # an exact regime: a missing kernel is a regression
+    else:  # a backend measured exact: a missing kernel is a regression
         assert "2 failed" in out, out[-2000:]

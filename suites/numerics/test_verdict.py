@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import suites.verdict as verdict_plugin
 from suites.helpers_subprocess import project_env
+from treespec.backend import census
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,3 +147,29 @@ def test_a_floor_without_strict_verdicts_is_a_usage_error(tmp_path):
     proc, _ = run_strict(tmp_path, [], "--min-proven", "2")
     assert proc.returncode == 4, proc.stdout[-3000:]
     assert "--min-proven: it is a floor of --strict-verdicts, which is off" in proc.stderr
+
+
+def _row(op="matmul", first=None, how="tokens", error=None):
+    from_m = 0.0 if first is None else 1e-6
+    return census.Row(op, "float32", "64->128", tuple(range(1, 17)), first, from_m, how, error)
+
+
+@pytest.mark.parametrize("extra, exact", [
+    ((), True),
+    ((_row(first=2),), False),  # one op, one dtype, one shape differing from M=2 is enough
+    ((_row("sdpa+mask", first=9),), False),
+    ((_row(error="[quantized_matmul] No implementation"),), False),  # unmeasured is unproven
+    ((_row("ssm_update", first=2, how="steps"),), True),  # another algorithm, on every backend
+], ids=["all-identical", "matmul-differs", "attention-differs", "op-raised", "scan-vs-step"])
+def test_an_exact_backend_is_what_the_census_measures_never_a_name(extra, exact, monkeypatch):
+    rows = [_row(), _row("rms_norm"), _row("gated_delta", how="batch")] + list(extra)
+    monkeypatch.setattr(census, "census", lambda: rows)
+    verdict_plugin.exact_backend.cache_clear()
+    verdict_plugin._differing.cache_clear()
+    try:
+        assert verdict_plugin.exact_backend() is exact
+        line = verdict_plugin.census_line()
+        assert ("every op row-invariant" in line) is exact, line
+    finally:
+        verdict_plugin.exact_backend.cache_clear()
+        verdict_plugin._differing.cache_clear()

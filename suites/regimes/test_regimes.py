@@ -14,7 +14,9 @@ from pathlib import Path
 import mlx
 import pytest
 
-from suites.helpers_numerics import EXACT_REGIMES
+from suites.helpers_numerics import exact_backend
+from suites.verdict import census_line
+from treespec.backend.blas import regime
 from suites.helpers_subprocess import project_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,15 +58,19 @@ def test_the_cpu_regimes_goldens_hold_the_same_texts():
 
 @pytest.mark.exactness
 def test_only_exact_regimes_goldens_pin_round_statistics():
+    """A regime's goldens pin round statistics in every block or in none
+    (whether it was measured exact when recorded), and this backend's, if
+    recorded, pin them exactly where the census measures it exact now."""
     files = sorted(GOLDEN.glob("*/test_text_diff.ambr"))
     assert {f.parent.name for f in files} >= set(CPU_REGIMES), files
+    pins = {}
     for f in files:
         fields = {tuple(sorted(re.findall(r"^    '(\w[\w/]*)':", b, re.M))) for b in _blocks(f).values()
                   if "test_speculative_text" in b.splitlines()[0]}
-        if f.parent.name in EXACT_REGIMES:
-            assert all("rounds" in x for x in fields), f
-        else:
-            assert fields == {("text", "tokens")}, (f, fields)
+        pins[f.parent.name] = all("rounds" in x for x in fields)
+        assert pins[f.parent.name] or fields == {("text", "tokens")}, (f, fields)
+    if regime() in pins:
+        assert pins[regime()] == exact_backend(), (regime(), census_line())
 
 
 @pytest.mark.exactness

@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx_lm
 
 from ..backend import blas
+from ..backend.census import WIDTHS, Row, census, format_table, summary, to_json
 from ..errors import TreeRefused
 from ..evidence.gate import configuration
 from .attribution import attributed, mlx_lm_failure
@@ -131,12 +132,25 @@ def header(s: Subject) -> dict:
     }
 
 
+def backend_census(s: Subject) -> dict:
+    """The census of the model's own shapes on this backend
+    (treespec.backend.census) at 1..16 rows and the long-context trees' sizes:
+    which of its ops a wider verify computes with other bits."""
+    widths = sorted(set(WIDTHS) | set(s.options.tree_nodes))
+    try:
+        rows = census(s.model, widths=widths, seed=s.options.seed)
+    except Exception as e:  # the audit's other rows still stand
+        return {"error": f"{type(e).__name__}: {e}", "rows": [], "summary": ""}
+    return {"rows": to_json(rows), "summary": summary(rows)}
+
+
 def run(s: Subject, properties: Sequence[str] = PROPERTIES) -> Report:
     t0 = time.perf_counter()
     checks = []
     for prop in properties:
         checks += check(prop, s)
-    return Report(header(s), checks, s._memo.get("probe"), time.perf_counter() - t0)
+    head = {**header(s), "census": backend_census(s)}
+    return Report(head, checks, s._memo.get("probe"), time.perf_counter() - t0)
 
 
 def audit(model_path, draft_path=None, adapter: Optional[str] = None,
@@ -166,6 +180,12 @@ def format_report(report: Report) -> str:
         lines.append(f"{c.name:<{width}}  {c.verdict:<{vw}}  {c.detail}")
     if report.probe is not None and report.probe.shapes:
         lines += ["", report.probe.table()]
+    if "census" in h:
+        c = h["census"]
+        rows = [Row(**{**r, "widths": tuple(r["widths"])}) for r in c["rows"]]
+        lines += ["", "census: a row of an M-row call against that row alone"]
+        lines += [format_table(rows)] if rows else []
+        lines.append(c.get("error") or c["summary"])
     words = []
     for c in report.checks:
         if c.verdict not in words:

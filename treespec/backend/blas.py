@@ -324,15 +324,32 @@ def regime(info: BlasInfo | None = None) -> str:
     exactly is measured, never read off the name."""
     info = info or detect()
     if info.name == "gpu":
-        return _gpu_backend()
+        return gpu_regime(_gpu_backend(), str(mx.device_info().get("device_name", "")))
     if info.name == "unknown" and info.library:
         return "unknown-" + re.sub(r"[^a-z0-9]+", "-", _where(info.library).lower()).strip("-")
     return info.name
 
 
+def gpu_regime(backend: str, device_name: str) -> str:
+    """A GPU's regime: ``cuda`` for every NVIDIA GPU (the H100 and H200 goldens
+    agree: golden/e2e/cuda/), and on Metal the chip's own name, because MLX
+    picks Metal kernels by the chip's architecture and GitHub's macOS runners
+    give it an "Apple Paravirtual device" whose kernel choices differ again:
+    ``metal-apple-m2-max``, ``metal-apple-paravirtual-device``. Goldens
+    recorded on a laptop never stand for the runner, nor one chip's for
+    another's."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    return f"metal-{slug}" if backend == "metal" and slug else backend
+
+
 def describe(info: BlasInfo | None = None) -> str:
-    """One line, e.g. 'BLAS: openblas 0.3.21 Haswell (/usr/lib/.../libblas.so.3, 2 threads), device cpu'."""
-    info = info or detect()
+    """One line, e.g. 'BLAS: openblas 0.3.21 Haswell (/usr/lib/.../libblas.so.3, 2 threads),
+    device cpu, MLX_ENABLE_TF32=0': every report that names the backend also names the float32
+    precision it multiplied at (``unset``: MLX's default, TF32 where the hardware has it)."""
+    return f"{_describe(info or detect())}, MLX_ENABLE_TF32={os.environ.get('MLX_ENABLE_TF32', 'unset')}"
+
+
+def _describe(info: BlasInfo) -> str:
     bits = []
     if info.library:
         bits.append(info.library)

@@ -13,8 +13,6 @@ import sys
 import time
 import warnings
 
-import mlx.core as mx
-
 from ..auto.choose import ChooseOptions, choose
 from ..auto.predict import decode_kwargs as auto_kwargs
 from ..backend.blas import describe, detect
@@ -24,6 +22,7 @@ from ..errors import OptionError, TreeRefused, UsageError
 from .generate_args import chosen as auto_options, decode_kwargs
 from ..models import PositionWarning
 from .process import prepare
+from .startup import settings
 
 
 def encode_prompt(tokenizer, text: str, ignore_chat_template: bool = False):
@@ -157,7 +156,7 @@ def cmd_generate(args) -> int:
         summary["draft_model"] = str(draft_path)
     if chosen is not None:  # auto's reason, said once, here
         summary["auto"] = {"chose": auto_kwargs(chosen), "reason": chosen["reason"]}
-    summary["device"] = str(mx.default_device())
+    summary.update(settings())  # the device and TF32: which device made this record, how
     summary["blas"] = describe(detect())
     last = final_line(summary, len(result.tokens), seconds)
     if args.json:

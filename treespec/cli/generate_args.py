@@ -13,8 +13,8 @@ defaults: ``-m/--max-tokens`` (100), ``-p/--prompt`` (``-`` reads stdin;
 ``--draft-model``, ``--num-draft-tokens`` (3), ``--ignore-chat-template``.
 treespec's own: ``--mode``, ``--block`` (the verify width: num-draft-tokens
 + 1, an alias; never both), ``--tree-branching``, ``--tree-parents``,
-``--budget``, ``--width``, ``--batch-levels``, ``--allow-inexact``, ``--blas``, ``--json``,
-``--quiet``. Two defaults differ from mlx-lm's, on purpose: the prompt (the
+``--budget``, ``--width``, ``--batch-levels``, ``--allow-inexact``, ``--blas``, ``--device``,
+``--json``, ``--quiet``. Two defaults differ from mlx-lm's, on purpose: the prompt (the
 built-in pair was trained on Python) and the seed (0, so that a sampled run
 is reproducible; mlx-lm leaves MLX unseeded).
 """
@@ -25,6 +25,7 @@ from typing import List
 
 from ..errors import OptionError, UsageError
 from .flags import ints
+from .startup import add_device_flag
 from ..options import DEFAULT_BLOCK, MAX_DRAFT_NODES, DecodeOptions, KVOptions, Spelling
 
 DEFAULT_PROMPT = "def fibonacci(n):\n    "
@@ -109,6 +110,7 @@ def add_parser(sub):
                    help="run chain/tree even where the exactness probe found differences")
     g.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
+    add_device_flag(g)
     out = g.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true",
                      help="one JSON object: text, tokens, diagnostics")

@@ -7,23 +7,27 @@ every flag error come back before anything heavy loads. Each command's work
 lives in its own module, named in :data:`COMMANDS` and imported only once its
 flags have parsed and passed their checks: the one import this package makes
 at run time (suites/project/test_layering.py counts the table as imports of
-this module, so the layering rules hold through it).
+this module, so the layering rules hold through it). Between the two, the
+process is set up as treespec.cli.startup says: TF32 off, and ``--device``
+applied before the command's module imports mlx-lm.
 """
 
 import argparse
 import importlib
 import sys
 
-from . import generate_args
+from . import generate_args, startup
 from ..bench.prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS
 from ..errors import UsageError
 from .flags import parse_blocks, parse_dims, parse_trees
+from . import census as census_flags
 
 # subcommand -> "module:function" run with the parsed arguments (exit status).
 COMMANDS = {
     "generate": "treespec.cli.generate:cmd_generate",
     "bench": "treespec.bench.command:cmd_bench",
     "audit": "treespec.audit.command:cmd_audit",
+    "census": "treespec.backend.census_command:cmd_census",
 }
 
 
@@ -67,6 +71,7 @@ def add_bench_parser(sub):
                    help="--scaled: damping of the layers the drafter lacks (sets acceptance)")
     p.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
+    startup.add_device_flag(p)
 
 
 def add_audit_parser(sub):
@@ -102,6 +107,25 @@ def add_audit_parser(sub):
                    "32,64: EAGLE-sized, past the 32 rows where matmuls switch GEMM paths)")
     p.add_argument("--only", help="comma-separated subset of the audit's properties (an "
                    "unknown name is an error that lists them)")
+    startup.add_device_flag(p)
+
+
+def add_census_parser(sub):
+    p = sub.add_parser(
+        "census", help="which ops give a row of an M-row call the bits of that row alone",
+        description="The backend census: for the running backend, each op (matmul, quantized "
+        "matmul, attention with and without an array mask, rms_norm, rope, conv1d, the "
+        "recurrent kernels) at the default shapes or a model's own, and the smallest M from "
+        "which a row of an M-row call differs from that row computed alone.")
+    p.add_argument("--model", help="mlx-lm checkpoint directory: its own shapes and dtype "
+                   "(default: a fixed set of representative shapes)")
+    p.add_argument("--dtype", help="comma list of float32, bfloat16, float16 (default: all "
+                   "three, or the model's own dtype)")
+    p.add_argument("--widths", default=census_flags.DEFAULT_WIDTHS,
+                   help="the M measured: LO..HI or a comma list (default 1..16)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    startup.add_device_flag(p)
+    p.set_defaults(check=census_flags.check)
 
 
 def build_parser():
@@ -110,6 +134,7 @@ def build_parser():
     generate_args.add_parser(sub)
     add_bench_parser(sub)
     add_audit_parser(sub)
+    add_census_parser(sub)
     return ap
 
 
@@ -120,11 +145,18 @@ def command(name: str):
 
 
 def main(argv=None) -> int:
+    # Before MLX multiplies anything (it reads the switch at the first product);
+    # a --blas re-execution inherits it.
+    startup.float32_products()
     args = build_parser().parse_args(argv)
     try:
         check = getattr(args, "check", None)
         if check is not None:
             check(args)  # every flag, before anything heavy is imported
+        startup.refuse_blas_on_gpu(getattr(args, "blas", "auto"), args.device)
+        # Before the command's module imports mlx-lm: mlx_lm.generate makes its
+        # stream on the default device at import (treespec.cli.startup).
+        startup.apply_device(args.device)
         return command(args.command)(args)
     except UsageError as e:
         print(f"treespec {args.command}: error: {e}", file=sys.stderr)

@@ -1,0 +1,162 @@
+"""``treespec census``: what it prints, its usage errors, ``--model`` on the
+suite's tiny hybrid models, and the census in ``treespec audit``'s report.
+
+The shapes a model's census must list are computed here from the model's
+config.json, not read off the model by the census's own walk. Tried: with
+the walk skipping nn.Conv1d, the ``--model`` tests fail on both models; with
+the flag check not installed, the usage-error tests fail (a traceback from
+the census, exit 1, or a census run on bad widths).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from suites.families.helpers_configs import config
+from suites.families.helpers_models import build
+from suites.helpers_subprocess import project_env
+from treespec import zoo
+from treespec.audit.runner import audit, format_report
+from treespec.backend import blas
+from treespec.backend import census as c
+from treespec.cli import census as census_flags
+from treespec.cli.main import main
+
+pytestmark = pytest.mark.exactness
+
+ROOT = Path(__file__).resolve().parents[2]
+NON_PRODUCTS = ("sdpa", "rms_norm", "rope", "conv1d", "gated_delta", "ssm_update", "ssm_step")
+
+
+def run(capsys, *argv):
+    code = main(["census", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_table_names_the_backend_and_gives_a_row_per_op_how_and_dtype(capsys):
+    code, out, err = run(capsys, "--dtype", "float32", "--widths", "1..4")
+    assert code == 0, err
+    head = out.split("\n\n")[0]
+    assert blas.describe(blas.detect()).removeprefix("BLAS: ") in head
+    assert str(mx.default_device()) in head and mx.__version__ in head
+    assert "MLX_ENABLE_TF32=" in head and "widths 1..4" in head
+    rows = c.census(dtypes=("float32",), widths=range(1, 5))
+    lines = out.splitlines()
+    for r in rows:  # each row once, with its verdict
+        assert sum(ln.split()[:3] == [r.op, r.how, r.dtype] and r.shape in ln
+                   and r.verdict in ln for ln in lines) == 1, r
+    assert lines[-1].startswith(c.summary(rows))
+
+
+def test_json_holds_the_rows_and_the_backend(capsys):
+    code, out, _ = run(capsys, "--dtype", "bfloat16,float16", "--widths", "1,3,5", "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert got["rows"] == c.to_json(c.census(dtypes=("bfloat16", "float16"), widths=(1, 3, 5)))
+    assert {r["dtype"] for r in got["rows"]} == {"bfloat16", "float16"}
+    assert got["backend"]["blas"] == blas.describe(blas.detect())
+    assert got["backend"]["mlx"] == mx.__version__
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--widths", "0"], "--widths"), (["--widths", "1..x"], "--widths"),
+    (["--widths", "8..2"], "--widths"), (["--widths", ""], "--widths"),
+    (["--dtype", "f32"], "--dtype"), (["--dtype", ","], "--dtype"),
+    (["--model", "/nonexistent/checkpoint"], "--model"),
+])
+def test_bad_flags_are_one_line_errors_naming_the_flag(capsys, argv, flag):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"treespec census: error: {flag}"), err
+
+
+def test_a_folder_that_is_no_checkpoint_is_refused_naming_model(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    code, out, err = run(capsys, "--model", str(tmp_path))
+    assert code == 2 and err.count("\n") == 1 and "--model" in err, err
+
+
+def test_the_light_flag_check_knows_the_censuss_dtypes():
+    assert census_flags.DTYPES == c.DTYPES and census_flags.parse_widths("1..16") == c.WIDTHS
+
+
+def test_flag_errors_and_help_load_no_mlx_lm_and_no_census():
+    script = ("import sys\nfrom treespec.cli.main import main\n"
+              "for argv in (['census', '--widths', '0'], ['census', '--help']):\n"
+              "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+              "print('HEAVY', sorted(m for m in ('mlx_lm', 'treespec.backend.census') "
+              "if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=project_env(),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout and "--widths" in proc.stderr
+
+
+def shapes(rows) -> dict:
+    out = {}
+    for r in rows:
+        out.setdefault(r["op"], set()).add(r["shape"])
+    return out
+
+
+def census_of(capsys, path) -> dict:
+    code, out, err = run(capsys, "--model", str(path), "--widths", "1..3", "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_model_lists_a_mamba_checkpoints_own_shapes(capsys, tmp_path):
+    cfg = config("mamba")
+    path = zoo.save(build("mamba"), tmp_path / "mamba", config=cfg)
+    got = census_of(capsys, path)
+    inner, state, hidden = cfg["intermediate_size"], cfg["state_size"], cfg["hidden_size"]
+    rank, vocab = cfg["time_step_rank"], cfg["vocab_size"]
+    assert {k: v for k, v in shapes(got["rows"]).items() if k in NON_PRODUCTS} == {
+        "rms_norm": {f"dim {hidden}"},
+        "conv1d": {f"channels {inner} kernel {cfg['conv_kernel']} groups {inner}"},
+        "ssm_step": {f"inner {inner} state {state}"},
+    }
+    assert shapes(got["rows"])["matmul"] == {
+        f"{hidden}->{2 * inner}", f"{inner}->{rank + 2 * state}", f"{inner}->{hidden}",
+        f"{hidden}->{vocab}"}
+    assert shapes(got["rows"])["addmm"] == {f"{rank}->{inner}"}  # dt_proj has a bias
+    assert {r["dtype"] for r in got["rows"]} == {"float32"}
+    assert {r["how"] for r in got["rows"] if r["op"] == "ssm_step"} == {"batch"}
+
+
+def test_model_lists_a_qwen3_next_checkpoints_own_shapes(capsys):
+    cfg = zoo.config("qwen3_next")
+    got = census_of(capsys, zoo.checkpoint("qwen3_next"))
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    conv = 2 * hk * dk + hv * dv
+    head = cfg["head_dim"]
+    assert {k: v for k, v in shapes(got["rows"]).items() if k.split("+")[0] in NON_PRODUCTS} == {
+        **{op: {f"heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']} dim {head} "
+                f"keys 24+M"} for op in ("sdpa", "sdpa+causal", "sdpa+mask", "sdpa+additive")},
+        "rms_norm": {f"dim {cfg['hidden_size']}", f"dim {head}", f"dim {dv}"},
+        "rope": {f"RoPE {int(cfg['partial_rotary_factor'] * head)}/{head} "
+                 f"base {cfg['rope_theta']:g} offset 24"},
+        "conv1d": {f"channels {conv} kernel {cfg['linear_conv_kernel_dim']} groups {conv}"},
+        "gated_delta": {f"heads k{hk}/v{hv} dims k{dk}/v{dv}"},
+    }
+    hidden = cfg["hidden_size"]
+    assert {f"{hidden}->{zoo.VOCAB_SIZE}", f"{hidden}->{2 * hk * dk + 2 * hv * dv}"} <= \
+        shapes(got["rows"])["matmul"]
+    assert {(r["op"], r["how"]) for r in got["rows"] if r["op"] == "gated_delta"} == {
+        ("gated_delta", "steps"), ("gated_delta", "batch")}
+
+
+def test_the_audit_reports_the_census_of_the_models_shapes():
+    report = audit(zoo.checkpoint("qwen3_next"), properties=("adapter",))
+    census = report.to_json()["header"]["census"]
+    assert {r["op"] for r in census["rows"]} >= {"matmul", "sdpa+mask", "gated_delta", "conv1d"}
+    assert all(r["widths"][-1] == 64 for r in census["rows"])  # the long-context trees' sizes
+    text = format_report(report)
+    assert "census: a row of an M-row call against that row alone" in text
+    assert census["summary"] in text

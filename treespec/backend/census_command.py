@@ -1,0 +1,63 @@
+"""``treespec census``: the backend census (treespec.backend.census) printed
+for the running backend, of the default shapes or of a checkpoint's own.
+Its flags are treespec.cli.main's, checked by treespec.cli.census."""
+
+import json
+import os
+import time
+
+import mlx.core as mx
+
+from ..checkpoints import load_checkpoint
+from ..cli.process import prepare
+from . import blas
+from .census import census, format_table, summary, to_json, widths_text
+from .census_shapes import model_dtype
+
+TF32 = "MLX_ENABLE_TF32"
+
+
+def backend() -> dict:
+    """What the census ran on: the BLAS, the device, MLX and its TF32 switch."""
+    info = mx.device_info() if hasattr(mx, "device_info") else {}
+    return {
+        "blas": blas.describe(blas.detect()),
+        "device": str(mx.default_device()),
+        "device_info": {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))},
+        "mlx": mx.__version__,
+        "tf32": os.environ.get(TF32),
+    }
+
+
+def header(b: dict, shapes: str, widths) -> str:
+    name = b["device_info"].get("device_name") or b["device_info"].get("architecture", "")
+    tf32 = b["tf32"] if b["tf32"] is not None else "unset (MLX's default)"
+    return "\n".join([
+        "treespec census: a row of an M-row call against that row computed alone",
+        f"  BLAS     {b['blas'].removeprefix('BLAS: ')}",
+        f"  device   {b['device']} {name}".rstrip(),
+        f"  mlx      {b['mlx']}; {TF32}={tf32}",
+        f"  shapes   {shapes}; widths {widths_text(widths)}",
+    ])
+
+
+def cmd_census(args) -> int:
+    prepare()  # the attention kernels the other commands run with
+    model, shapes = None, "the default set (treespec/backend/census_shapes.py)"
+    if args.model:
+        model, _ = load_checkpoint(args.model, "model")
+        shapes = f"{args.model} ({getattr(model, 'model_type', '?')}, {model_dtype(model)})"
+    t0 = time.perf_counter()
+    rows = census(model, dtypes=args.dtypes, widths=args.widths)
+    seconds = time.perf_counter() - t0
+    b = backend()
+    if args.json:
+        print(json.dumps({"backend": b, "shapes": shapes, "rows": to_json(rows),
+                          "summary": summary(rows), "seconds": round(seconds, 3)}))
+    else:
+        print(header(b, shapes, args.widths))
+        print()
+        print(format_table(rows))
+        print()
+        print(f"{summary(rows)} ({len(rows)} rows in {seconds:.2f} s)")
+    return 0
