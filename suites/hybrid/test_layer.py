@@ -20,7 +20,6 @@ from suites.verdict import HYBRID_LAYER, ROLLBACK_ROWS, expect
 from treespec.evidence import numerics
 from treespec.tree import DraftTree
 from treespec.errors import TreeRefused
-from treespec.verify import tree_recurrence as recurrence
 from treespec.verify.tree_recurrence import TreeMixer, tree_mixer_forward
 
 pytestmark = pytest.mark.exactness
@@ -191,18 +190,4 @@ def test_padded_or_batched_caches_are_refused_untouched(mode):
     with pytest.raises(TreeRefused) as err:
         TreeMixer(m, tree)(x, None, cache)
     assert "refused" in str(err.value) or "batch size" in str(err.value)
-    assert H.same_arrays_cache(cache, snap)
-
-
-def test_the_metal_kernel_path_is_refused_by_name(monkeypatch):
-    m, slots = H.mixer("qwen3_5")
-    cache = H.mixer_cache(m, slots, 3, 1)
-    snap = _copy(cache)
-    monkeypatch.setattr(recurrence, "_kernel_path", lambda module: True)
-    monkeypatch.delenv(recurrence.KERNEL_ENV, raising=False)
-    monkeypatch.delenv(recurrence.OLD_KERNEL_ENV, raising=False)
-    tree = DraftTree([1, 2, 3], [-1, 0, 0])
-    x = mx.random.normal((1, 3, H.D_MODEL), key=mx.random.key(2))
-    with pytest.raises(TreeRefused, match="Metal kernel.*TREESPEC_RECURRENT_KERNEL=allow"):
-        tree_mixer_forward(m, x, tree, cache)
     assert H.same_arrays_cache(cache, snap)

@@ -2,8 +2,9 @@
 RotatingKVCache at every phase of its ring (the slot its next one-token
 step writes), every node's logits equal, bit for bit, the last of the
 one-token steps over its root path (mlx-lm's own generate_step arithmetic),
-and after a commit the next steps equal those of a cache that took the path
-one token at a time. mlx-lm's own multi-token forward does not: it puts a
+and after a commit the ring holds the verify's rows where the path's
+one-token steps write them and the next steps equal those of a cache that
+took the path one token at a time. mlx-lm's own multi-token forward does not: it puts a
 wrapped ring in time order first, so its sums run in another order
 (``test_a_plain_multi_token_forward_on_a_wrapped_ring_is_not_the_reference``
 pins that this suite would see the difference)."""
@@ -13,11 +14,12 @@ import copy
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models.cache import RotatingKVCache
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-from suites.helpers_numerics import check
-from suites.verdict import ROLLBACK_DECODE, VERIFY
+from suites.helpers_numerics import check, exact
+from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS, VERIFY
 from treespec import caches, zoo
+from treespec.audit.movement import mismatches, moved, recorded
 from treespec.evidence import numerics
 from treespec.models import prefilled
 from treespec.tree import DraftTree
@@ -67,12 +69,15 @@ def assert_verify_and_commit_are_classic(model, cache, rng, parents):
     and after a commit the next steps equal those of a cache that took the
     path one token at a time: bit for bit where the backend is exact (the
     CPU reference BLAS: any difference FAILs), within its measured envelope
-    elsewhere (suites/helpers_numerics.check)."""
+    elsewhere (suites/helpers_numerics.check). The commit keeps the verify's
+    own rows where the path's one-token steps would have written them: bit
+    for bit everywhere (treespec.audit.movement)."""
     tree = DraftTree(rng.randint(0, zoo.VOCAB_SIZE, size=len(parents)).tolist(), parents)
     adapter = adapter_for(model)
     ours = copy.deepcopy(cache)
     context = caches.offset(cache)
-    logits = adapter.verify(tree, ours)
+    with recorded(ours) as writes:  # the rows the verify writes, for the commit's check
+        logits = adapter.verify(tree, ours)
     mx.eval(logits)
     refs = mx.stack([one_token_steps(model, cache, [tree.tokens[j] for j in tree.path_to(i)])[0][-1]
                      for i in range(len(tree))])
@@ -81,6 +86,12 @@ def assert_verify_and_commit_are_classic(model, cache, rng, parents):
           what="node rows vs their root paths' one-token steps")
     path = tree.path_to(int(rng.randint(len(tree))))
     adapter.commit(ours, tree, path)
+    # Data movement, bit for bit on every backend: the ring holds, slot by
+    # slot, what mlx-lm's own one-token updates of the verify's rows of the
+    # path leave in a copy of the pre-verify ring (kept slots included).
+    bad = mismatches(ours, moved(copy.deepcopy(cache), writes, path, len(tree)))
+    assert not bad, f"after committing {path}: not the path's one-token writes: {bad}"
+    exact(ROLLBACK_ROWS, model, "ring")
     _, ref_cache = one_token_steps(model, cache, [tree.tokens[j] for j in path])
     later = rng.randint(0, zoo.VOCAB_SIZE, size=3).tolist()
     a, _ = one_token_steps(model, ours, later)
@@ -106,15 +117,18 @@ def test_a_verify_on_a_wrapped_ring_is_classic_decoding_at_every_phase(family, d
 
 
 @pytest.mark.parametrize("prefill", [3, 11, 20])
-def test_kept_slots_verify_as_classic_decoding(prefill):
-    """mlx-lm's default ring for models without their own caches
-    (make_prompt_cache(max_kv_size=...)) keeps its first 4 tokens: the
-    layout keeps them too."""
-    model = _model("llama", "float32")
+def test_kept_slots_verify_and_commit_as_classic_decoding(prefill):
+    """mlx-lm's ring for ``--max-kv-size`` (make_prompt_cache(max_kv_size=...)
+    on a model without its own caches) keeps its first 4 tokens: the layout
+    keeps them too, and a commit leaves the ring the path's one-token steps
+    leave, before the ring fills, once the prompt wraps it, and at every
+    phase of a wrapped ring."""
+    model = _model("qwen3", "float32")
     size = 12
     for phase in (0, 1, 5, 9):
         rng = np.random.RandomState(prefill * 31 + phase)
-        cache = [RotatingKVCache(max_size=size, keep=4) for _ in model.layers]
+        cache = make_prompt_cache(model, max_kv_size=size)
+        assert {(type(c), c.keep) for c in cache} == {(RotatingKVCache, 4)}
         model(mx.array([rng.randint(0, zoo.VOCAB_SIZE, size=prefill).tolist()]), cache=cache)
         for t in rng.randint(0, zoo.VOCAB_SIZE, size=phase):
             model(mx.array([[int(t)]]), cache=cache)

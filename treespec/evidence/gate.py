@@ -266,13 +266,20 @@ def _chain_logits(model, cache, tree) -> Dict[int, mx.array]:
     return out
 
 
+def _windows(model, cache) -> list:
+    """The sliding windows the probe's draws cross: the cache mode's
+    (``cache.windows(model)``: treespec.kv_options.ProbeCache, which adds a
+    ``max_kv_size`` ring the run wraps), else the model's own."""
+    return cache.windows(model) if cache is not None else caches.windows(make_prompt_cache(model))
+
+
 def compare_shape(model, parents: Sequence[int], draws: int = DRAWS, seed: int = 0,
                   context: int = CONTEXT, adapter=None, cache=None) -> ShapeResult:
     """Verify ``draws`` random trees of this shape from random prefilled
     contexts and compare every node byte for byte with single-token steps.
     ``adapter``: the tree adapter measured (default ``adapter_for(model)``);
-    ``cache``: the cache mode (its ``prefilled(model, tokens)``; default
-    mlx-lm's plain cache)."""
+    ``cache``: the cache mode (its ``prefilled(model, tokens)`` and
+    ``windows(model)``; default mlx-lm's plain cache)."""
     return compare_shapes(model, [parents], draws, seed, context, adapter, cache)[0]
 
 
@@ -313,7 +320,7 @@ def compare_shapes(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, s
     adapter = adapter if adapter is not None else adapter_for(model)
     fresh = cache.prefilled if cache is not None else prefilled
     v = vocab_size(model)
-    window = min(caches.windows(make_prompt_cache(model)), default=None)
+    window = min(_windows(model, cache), default=None)
     measured = {}
     for parents in dict.fromkeys(shapes):
         tally = _Tally()
@@ -381,7 +388,7 @@ def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int 
                 path = gate_memo.save(expect, [asdict(r) for r in result.shapes], **kw)
                 result.memo = str(path) if path is not None else None
         # Not stored: measured in every process (a backend property, cheap).
-        if caches.windows(make_prompt_cache(model)):
+        if _windows(model, cache):
             result.checks = [interleaved_rows_match(_DTYPES[d], draws=RING_DRAWS)
                              for d in config["dtypes"] if d in _DTYPES]
         _MEMO[key] = result

@@ -40,7 +40,6 @@ trees whose per-node states exceed a limit are refused before anything runs.
 """
 
 import inspect
-import os
 import threading
 from contextlib import contextmanager
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -56,7 +55,7 @@ from ..errors import TreeRefused
 from ..mixers import Discovery, discover, set_slot
 from .footprint import footprint_refusal, kept_nodes
 
-__all__ = ["KERNEL_ENV", "StandIn", "TreeMixer", "TreeRecurrence", "TreeStates",
+__all__ = ["StandIn", "TreeMixer", "TreeRecurrence", "TreeStates",
            "tree_mixer_forward", "tree_recurrence"]
 
 
@@ -76,34 +75,13 @@ class StandIn(standin.StandIn):
 
 
 # --------------------------------------------------------------------------
-# Modes that are refused, by name.
-
-KERNEL_ENV = "TREESPEC_RECURRENT_KERNEL"
-OLD_KERNEL_ENV = "TREESPEC_GDN_KERNEL"  # its name when only GatedDeltaNet ran per depth
-
-
-def _kernel_path(module) -> bool:
-    """Whether the mixer may run an mlx-lm Metal kernel (gated_delta_update,
-    rwkv7's wkv7, the Mamba2 SSM step). CUDA and the CPU run mlx-lm's ops."""
-    return not module.training and mx.default_device() == mx.gpu and mx.metal.is_available()
-
-
-def backend_refusal(module) -> Optional[str]:
-    """The Metal kernel path is refused unless ``TREESPEC_RECURRENT_KERNEL=allow``.
-
-    Each kernel call here would see T=1 per batch row, started from the
-    parent's state (never a flattened tree), and the kernels' per-step
-    arithmetic does not depend on T, so the recurrence should match; but it
-    has not been measured on Apple GPUs, so by default it is refused."""
-    allowed = (os.environ.get(KERNEL_ENV) or os.environ.get(OLD_KERNEL_ENV, "refuse")) == "allow"
-    if _kernel_path(module) and not allowed:
-        return (
-            f"{type(module).__name__}: its recurrence would run an mlx-lm Metal kernel, "
-            "whose per-depth batched use is not verified for exactness. "
-            f"Set {KERNEL_ENV}=allow to run it anyway (one T=1 kernel call per depth, "
-            "never a flattened tree; measure it with the gate), or run on the CPU stream"
-        )
-    return None
+# Refusals. None names a backend: where mlx-lm runs a kernel for the
+# recurrence (gated_delta_update, rwkv7's wkv7 and the Mamba2 SSM step on a
+# Metal GPU), each per-depth call hands it one token per batch row from the
+# parents' states, and whether that is classic decoding's arithmetic is the
+# gate's measurement (treespec.evidence.gate: its probe verifies the run's
+# branching shapes through this same per-depth path, against one-token
+# steps), never a guess from the device's name.
 
 
 def cache_refusal(cache) -> Optional[str]:
@@ -126,7 +104,7 @@ def cache_refusal(cache) -> Optional[str]:
 
 
 def _check(module, cache) -> None:
-    why = cache_refusal(cache) or backend_refusal(module)
+    why = cache_refusal(cache)
     if why:
         raise TreeRefused(_family(module), why)
 
@@ -312,9 +290,6 @@ def tree_refusal(model, tree, cache: Optional[Sequence[Any]] = None, limit: Opti
         current = m.current()
         if isinstance(current, StandIn):
             return f"{m.path}: a tree verify is already in progress"
-        why = backend_refusal(current)
-        if why:
-            return f"{m.path}: {why}"
     if cache is not None:
         for where, c in leaves(cache):
             if type(c) is ArraysCache:
