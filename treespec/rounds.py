@@ -128,7 +128,9 @@ class Loop:
     treespec.sampling for its own walker) and a layer that changes a piece
     passes ``dataclasses.replace`` of it on, so no layer sees another's edit.
 
-    ``adapter``: the target's tree adapter (None: ``adapter_for(target)``;
+    ``adapter``: the target's tree adapter (None: ``adapter_for(target)``,
+    with ``chains=True`` for a chain drafter: a chain is never refused for a
+    reason of trees alone;
     the gate measures the same one, named ``adapter_name`` in its key);
     ``draft_adapter``: the draft model's (None: ``adapter_for``);
     ``walker(round, readout(logits)) -> Walk`` decides what the target
@@ -163,7 +165,8 @@ def speculative(target, draft_model, prompt: Sequence[int], drafter: Drafter,
     same_vocabulary(target, draft_model)
     max_tokens, kv = options.max_tokens, options.kv
     # Resolved once: _rounds reads a loop whose adapter and walker are set.
-    adapter = loop.adapter if loop.adapter is not None else adapter_for(target)
+    adapter = (loop.adapter if loop.adapter is not None
+               else adapter_for(target, chains=drafter.kind == "chain"))
     loop = replace(loop, adapter=adapter, walker=loop.walker if loop.walker is not None else greedy())
     stats = Stats(options.mode, requested=loop.requested or drafter.describe())
     note = getattr(loop.adapter, "note", None)  # a model without an audit record says so

@@ -181,10 +181,12 @@ class Drafter:
               prefill_step_size: int = PREFILL_STEP, adapter=None,
               kv: KVOptions = kv_caches.DEFAULT):
         """Take ``model`` and prefill its cache. ``adapter``: the tree
-        adapter for the draft model (default ``adapter_for(model)``);
+        adapter for the draft model (default ``adapter_for(model)``, chains only
+        for a chain drafter);
         ``kv``: mlx-lm's KV cache options, the target's (treespec.kv_options)."""
         self.model = model
-        self.adapter = adapter if adapter is not None else adapter_for(model)
+        self.adapter = (adapter if adapter is not None
+                        else adapter_for(model, chains=self.kind == "chain"))
         self.cache = kv_caches.make_cache(model, kv)
         self._quantize = kv_caches.quantizer(kv)
         # Grown level by level only where both the caches and the adapter
