@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from syrupy.extensions.amber import AmberSnapshotExtension
 
+from suites.goldens import GOLDEN_MISSING, RECORD_GOLDENS
 from treespec.backend import blas
 from treespec.cli import startup
 from treespec.errors import UsageError as TreespecUsageError
@@ -124,6 +125,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "exactness: checks one of the ten exactness contracts (the CI gate)"
     )
+    config.addinivalue_line(
+        "markers", f"goldens: checks this backend's goldens (texts, envelopes); `{RECORD_GOLDENS}` "
+        "records them")
     profile = (
         config.getoption("--hypothesis-profile-name")
         or os.environ.get("TREESPEC_HYPOTHESIS")
@@ -171,7 +175,6 @@ def snapshot(snapshot):
     return snapshot.use_extension(GoldenExtension)
 
 
-RECORD_GOLDENS = "python -m pytest {path} --snapshot-update"
 
 
 @pytest.fixture
@@ -185,5 +188,4 @@ def golden_missing(request):
     golden = _golden_dir(test_file) / f"{test_file.stem}.ambr"
     if request.config.option.update_snapshots or golden.exists():
         return None
-    command = RECORD_GOLDENS.format(path=test_file.relative_to(Path(__file__).parent))
-    return f"golden not recorded for regime {_regime()}: run `{command}`"
+    return f"{GOLDEN_MISSING} for regime {_regime()}: run `{RECORD_GOLDENS}`"

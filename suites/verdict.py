@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from treespec.evidence import numerics
+from suites.goldens import GOLDEN_MISSING
 from treespec.backend import census
 from treespec.backend.blas import describe, regime
 
@@ -191,9 +192,6 @@ def pytest_addoption(parser):
                      help="with --strict-verdicts: the fewest verdict rows that must be proven")
 
 
-# Skips that are a golden this backend has not recorded (conftest.golden_missing's
-# message): reported apart, and a failure under --strict-verdicts.
-GOLDEN_MISSING = "golden not recorded"
 
 
 _COLLECTOR = []

@@ -18,7 +18,7 @@ on this backend and machine (golden/e2e/<regime>/envelopes/<machine>/):
 Envelopes are a machine's: the same library picks other kernels on another
 CPU (OpenBLAS's Cooperlake and Zen kernels differ), so the recording is
 keyed by the device's name as well as the regime. Recording is the goldens
-step (``--snapshot-update``); a machine without a recording reports it as
+step (``python -m pytest -m goldens --snapshot-update``); a machine without a recording reports it as
 a golden not recorded, which ``--strict-verdicts`` turns into a failure."""
 
 import json
@@ -30,19 +30,19 @@ import mlx_lm
 import pytest
 
 from suites.e2e.test_text_diff import PAIRS
-from suites.verdict import GOLDEN_MISSING, expect
+from suites.goldens import GOLDEN_MISSING, RECORD_GOLDENS
+from suites.verdict import expect
 from treespec import zoo
 from treespec.backend.blas import regime
 from treespec.evidence import numerics
 
-pytestmark = pytest.mark.exactness
+pytestmark = [pytest.mark.exactness, pytest.mark.goldens]
 
 ENVELOPES = "backend: envelopes = recorded"
 ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = (2, 3, 4, 5, 6, 7, 8)  # the rounds' verify widths on the zoo pairs
 CONTEXT = 12  # the 9-32 bucket: the e2e prompts' lengths
 GROWTH = numerics.TRIANGLE * numerics.SAFETY  # what the pass rule already allows a sample maximum
-RECORD = "python -m pytest suites/e2e/test_envelopes.py --snapshot-update"
 
 
 def machine() -> str:
@@ -102,7 +102,7 @@ def test_the_envelopes_are_the_recorded_ones(family, dtype, request):
         return
     if not path.exists():
         pytest.skip(f"{GOLDEN_MISSING} for regime {regime()} on machine {machine()}: "
-                    f"run `{RECORD}`")
+                    f"run `{RECORD_GOLDENS}`")
     worse, better = compare(json.loads(path.read_text())["widths"], now)
     figures = ", ".join(f"{w}: {v:.3g}" for w, v in now.items())
     if worse:
@@ -122,7 +122,7 @@ def test_a_multi_token_kernel_change_is_caught_where_a_width_was_exact(plant):
     path = recording(family, dtype)
     if not path.exists():
         pytest.skip(f"{GOLDEN_MISSING} for regime {regime()} on machine {machine()}: "
-                    f"run `{RECORD}`")
+                    f"run `{RECORD_GOLDENS}`")
     recorded = json.loads(path.read_text())["widths"]
     exact = [w for w, v in recorded.items() if v == 0]
     if not exact:

@@ -10,7 +10,7 @@ diverges, as information in the verdict, never as a pass or a failure.
 Texts and token ids are golden snapshots per regime (golden/e2e/<regime>/);
 an exact regime's (the CPU reference BLAS) also pin round statistics. A
 kernel or code change that moves them fails here until reviewed with
-``--snapshot-update`` (docs/numerics.md#goldens-per-regime)."""
+``python -m pytest -m goldens --snapshot-update`` (docs/numerics.md#goldens-per-regime)."""
 
 import mlx_lm
 import pytest
@@ -22,7 +22,7 @@ from treespec.evidence import numerics
 from treespec import zoo
 from treespec.decoding import decode, detokenize
 
-pytestmark = pytest.mark.exactness
+pytestmark = [pytest.mark.exactness, pytest.mark.goldens]
 
 MODES = {
     "chain-b2": dict(mode="chain", block=2),

@@ -23,7 +23,7 @@ WORKFLOW = ROOT / ".github" / "workflows" / "macos.yml"
 RUNNER = "macos-14"
 EXACTNESS = {"exactness-metal": "gpu", "exactness-cpu": "cpu"}  # job -> its --device
 GOLDENS = "record-goldens"
-TEXT_DIFF = "suites/e2e/test_text_diff.py"
+GOLDENS_MARKER = "goldens"  # the tests that pin goldens (suites/goldens.py)
 README_SECTION = "## macOS (Apple Silicon)"
 
 
@@ -214,7 +214,8 @@ def workflow_problems(wf: dict, parser, markers: set) -> list:
     for at, step in enumerate(steps):
         for args in pytest_commands(step.get("run") or ""):
             for ns in parsed(args, parser):
-                if ns.file_or_dir == [TEXT_DIFF] and getattr(ns, "update_snapshots", False):
+                if ns.markexpr == GOLDENS_MARKER and not ns.file_or_dir \
+                        and getattr(ns, "update_snapshots", False):
                     recorded[getattr(ns, "device", None)] = at
     for device in ("gpu", "cpu"):
         if device not in recorded:
@@ -320,9 +321,13 @@ PLANTED = {
     "a value pytest refuses": ("-n auto --device cpu", "-n auto --device tpu",
                                "pytest refuses it: argument --device: invalid choice: 'tpu'"),
     "a test path that does not exist": (
-        f"{TEXT_DIFF} --snapshot-update --device cpu",
+        "-m goldens --snapshot-update --device cpu",
         "suites/e2e/test_textdiff.py --snapshot-update --device cpu",
         "no such test path 'suites/e2e/test_textdiff.py'"),
+    "the goldens recorded for one file only": (
+        "-m goldens --snapshot-update --device gpu",
+        "suites/e2e/test_text_diff.py --snapshot-update --device gpu",
+        "record-goldens does not record the goldens with --device gpu"),
     "a marker nobody registered": ("-m exactness -n auto --device gpu",
                                    "-m exactnes -n auto --device gpu",
                                    "marker 'exactnes' is not registered"),
@@ -338,7 +343,7 @@ PLANTED = {
     "no manual trigger": ("  workflow_dispatch:\n", "",
                           "the workflow is not triggered by workflow_dispatch"),
     "one device's goldens not recorded": (
-        f"      - run: python -m pytest {TEXT_DIFF} --snapshot-update --device cpu\n", "",
+        "      - run: python -m pytest -m goldens --snapshot-update --device cpu\n", "",
         "record-goldens does not record the goldens with --device cpu"),
     "the wrong folder uploaded": ("path: golden\n", "path: results\n",
                                   "record-goldens does not upload golden"),

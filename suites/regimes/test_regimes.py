@@ -98,7 +98,7 @@ def test_a_regime_without_goldens_is_told_how_to_record_them(tmp_path):
         text=True)
     assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout[-3000:]
     assert ("golden not recorded for regime unknown-someblas-libblas-so-3: run `python -m "
-            "pytest suites/e2e/test_text_diff.py --snapshot-update`") in proc.stdout
+            "pytest -m goldens --snapshot-update`") in proc.stdout
     assert re.search(r"e2e: text = mlx_lm.generate\s+llama\s+float32\s+bit-exact", proc.stdout), \
         proc.stdout[-3000:]
     assert sorted(p.name for p in GOLDEN.iterdir()) == before

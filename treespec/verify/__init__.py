@@ -2,7 +2,8 @@
 model (tree mask and depth positions injected per instance), with refusals
 that leave the caches untouched."""
 
-from .adapter import ChainAdapter, Family, TreeAdapter, TreeRefused, adapter_for
+from .adapter import Family, TreeAdapter, TreeRefused
+from .for_model import ChainAdapter, adapter_for
 from .attention import injected, tree_injected, tree_mask
 from .strategy import ChainOnly, RecurrentStrategy, register_recurrent
 
