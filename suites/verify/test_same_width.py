@@ -1,0 +1,66 @@
+"""The second reference (treespec.evidence.same_width): where a backend's
+products depend on how many rows share a call, node rows equal to mlx-lm's
+plain forward over each root path padded to the verify's width are
+bit-exact, a proof with no envelope; anything else is judged as before, so a
+defect still fails."""
+
+import copy
+
+import mlx.core as mx
+import pytest
+
+from suites.verify import helpers
+from treespec.evidence import numerics
+from treespec.evidence.controls import clone, control_rows
+from treespec.evidence.same_width import padded_rows
+from treespec.tree import DraftTree
+from treespec.verify import adapter_for
+
+pytestmark = pytest.mark.exactness
+
+EPS = 1e-3
+TREE = DraftTree(helpers.tokens(7, 11), [-1, 0, 0, 1, 1, 2, 4])
+
+
+def width_dependent(model):
+    """A copy of ``model`` whose logits move by EPS per extra token of the
+    call: a backend whose products depend on their width, planted above the
+    model (a row is still the same whatever else shares a call of one width)."""
+    cls = type(model)
+
+    def call(self, inputs, cache=None, **kw):
+        return cls.__call__(self, inputs, cache=cache, **kw) + EPS * (inputs.shape[1] - 1)
+    planted = copy.deepcopy(model)
+    planted.__class__ = type(f"WidthDependent{cls.__name__}", (cls,), {"__call__": call})
+    return planted
+
+
+@pytest.fixture(scope="module")
+def planted():
+    model = width_dependent(helpers.model("llama", "float32"))
+    before = helpers.history(6).replay(model)
+    return model, before
+
+
+def test_node_rows_equal_to_same_width_forwards_are_proven_bit_for_bit(planted):
+    model, before = planted
+    logits = adapter_for(model).verify(TREE, clone(before))
+    same = padded_rows(model, before, TREE)
+    assert mx.array_equal(logits, same).item()
+    # ... where the root-path forwards of their own widths differ (the planted width term)
+    verdict = helpers.root_path_verdict(model, before, TREE, logits)
+    assert verdict.word == numerics.BIT_EXACT, verdict.line()
+    assert "at the verify's width 7, bit for bit" in verdict.detail, verdict.detail
+
+
+def test_a_defect_is_not_equal_to_the_same_width_forwards_and_fails(planted):
+    model, before = planted
+    leaked = control_rows(model, before, TREE)["leaked sibling"]
+    verdict = helpers.root_path_verdict(model, before, TREE, leaked)
+    assert verdict.word == numerics.FAIL, verdict.line()
+
+
+def test_there_is_no_same_width_reference_on_a_sliding_window_ring():
+    model = helpers.model("gemma3_text", "float32")
+    before = helpers.history(3).replay(model)
+    assert padded_rows(model, before, TREE) is None
