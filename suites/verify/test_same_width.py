@@ -10,6 +10,9 @@ import mlx.core as mx
 import pytest
 
 from suites.verify import helpers
+from treespec.audit.records import PASS
+from treespec.audit.subject import Subject
+from treespec.audit.verify_props import check_tree_verify
 from treespec.evidence import numerics
 from treespec.evidence.controls import clone, control_rows
 from treespec.evidence.same_width import padded_rows
@@ -64,3 +67,12 @@ def test_there_is_no_same_width_reference_on_a_sliding_window_ring():
     model = helpers.model("gemma3_text", "float32")
     before = helpers.history(3).replay(model)
     assert padded_rows(model, before, TREE) is None
+
+
+def test_the_audit_proves_tree_rows_at_the_verify_width_and_says_so(planted):
+    """`treespec audit`'s tree-verify row takes the same second reference: on
+    a width-dependent model every node is bit-exact, and the row says why."""
+    model, _ = planted
+    check = check_tree_verify(Subject(model))
+    assert check.status == PASS, check.line()
+    assert "bit-exact against mlx-lm's plain forward over each root path padded" in check.detail
