@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from suites.helpers_numerics import exact_backend
+from suites.verdict import census_line
 from treespec.bench import measure as B
 from treespec.cli import main as cli
 from treespec import zoo
@@ -398,16 +400,23 @@ def test_a_small_bench_on_the_trained_pair_passes_every_check(pair):
     assert set(rows) == {"classic", "chain b=3", "fixed [2,1]", "fixed [2,1] rows",
                          "fixed p[-1,0,0,1,1]", "conf n=2", "mlx-lm b=3"}
     for name, r in rows.items():
-        assert r["exact"], (name, r["reason"])
+        if not r["exact"]:
+            # Only where the census measures the backend inexact: a row is then timed
+            # only if its own probe and text diff passed, else gated saying why.
+            assert not exact_backend(), (name, r["reason"], census_line())
+            assert r["reason"].startswith(("probe:", "text:")), (name, r)
+            continue
         assert r["tokens"] == 10 and r["decode_tok_s"] > r["tok_s"] > 0
+        assert name == "classic" or r["checks"] == "probe+text", (name, r)
+    assert rows["classic"]["exact"]
     assert all(p["target"] > 0 and p["draft"] > 0 for p in report["prefill_ms"])
-    assert rows["chain b=3"]["checks"] == "probe+text"
-    assert rows["mlx-lm b=3"]["checks"] == "probe+text"
     # mlx-lm's rounds, recovered from from_draft, add up like treespec's
     m = rows["mlx-lm b=3"]
-    assert m["rounds"] >= 1 and m["acceptance"] is not None
-    assert 1.0 <= m["emitted_per_verify"] <= 3.0
-    assert rows["chain b=3"]["ms_per_round"].keys() >= {"draft", "verify", "walk", "commit"}
+    if m["exact"]:
+        assert m["rounds"] >= 1 and m["acceptance"] is not None
+        assert 1.0 <= m["emitted_per_verify"] <= 3.0
+    if rows["chain b=3"]["exact"]:
+        assert rows["chain b=3"]["ms_per_round"].keys() >= {"draft", "verify", "walk", "commit"}
 
 
 @pytest.mark.slow
@@ -422,7 +431,8 @@ def test_bench_command_json(tmp_path):
                                                    "mlx-lm b=2"]
     assert report["machine"]["blas"].startswith("BLAS:")
     assert "mlx" in report["machine"] and "git" in report["machine"]
-    assert all(r["exact"] for r in report["rows"])
+    assert all(r["exact"] or (not exact_backend() and r["reason"].startswith(("probe:", "text:")))
+               for r in report["rows"]), report["rows"]
 
 
 def test_a_width_or_batch_levels_with_nothing_to_act_on_is_refused_naming_it():

@@ -17,7 +17,7 @@ import mlx_lm
 import pytest
 
 from suites.helpers_gate import gate_verdict
-from suites.helpers_numerics import model_label
+from suites.helpers_numerics import exact_backend, model_label
 from suites.verdict import E2E, expect
 from treespec import caches, zoo
 from treespec.checkpoints import default_pair
@@ -153,8 +153,12 @@ def test_every_run_ends_in_one_line_of_tokens_speed_and_gate(capsys, flags, mode
     last = out.rstrip("\n").splitlines()[-1]
     match = FINAL.match(last)
     assert match, last
-    assert int(match.group(1)) == 6 and match.group(2) == mode
-    assert match.group(3).startswith(gate)
+    assert int(match.group(1)) == 6
+    if mode != "classic" and not exact_backend() and match.group(3).startswith("declined"):
+        # A backend the census measures inexact: the gate may decline, and says so.
+        assert match.group(2) == f"classic (declined {mode})", last
+        return
+    assert match.group(2) == mode and match.group(3).startswith(gate), last
 
 
 def test_json_keeps_stdout_one_object_and_the_final_line_on_stderr(capsys):
@@ -251,7 +255,7 @@ def test_kv_bits_run_as_mlx_lm_generate_runs_them(capsys):
     want = mlx_lm.generate(target, tok, prompt="import os\n", max_tokens=24, kv_bits=4,
                            quantized_kv_start=12)
     assert got["text"] == want
-    assert got["diagnostics"]["mode"] == "chain" and got["diagnostics"]["gate"]["exact"]
+    gate_verdict(got["diagnostics"]["gate"], got["diagnostics"]["mode"], "chain")
 
 
 def test_batch_levels_drafts_wide_levels_as_batch_rows_and_keeps_mlx_lms_text(capsys,
@@ -271,7 +275,7 @@ def test_batch_levels_drafts_wide_levels_as_batch_rows_and_keeps_mlx_lms_text(ca
     assert "batch_levels" not in injected["diagnostics"]["requested"]
     target, tok = mlx_lm.load(str(default_pair()[0]))
     want = mlx_lm.generate(target, tok, prompt="import os\n", max_tokens=24)
-    assert rows["diagnostics"]["gate"]["exact"]
+    gate_verdict(rows["diagnostics"]["gate"], rows["diagnostics"]["mode"], "tree")
     assert rows["text"] == want == injected["text"]
 
 
