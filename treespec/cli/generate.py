@@ -18,6 +18,7 @@ from ..auto.predict import decode_kwargs as auto_kwargs
 from ..backend.blas import describe, detect
 from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from ..decoding import check, decode, detokenize
+from ..distributed import group as dist, shard
 from ..errors import OptionError, TreeRefused, UsageError
 from .generate_args import chosen as auto_options, decode_kwargs
 from ..models import PositionWarning
@@ -102,11 +103,19 @@ def final_line(summary: dict, n_tokens: int, seconds: float) -> str:
             f"({summary['mode']}); {gate_words(summary)}")
 
 
-def _load(args, options):
+
+
+def _load(args, options, group=None):
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
         model_path, draft_path = default_pair()
-    target, tokenizer = load_checkpoint(model_path, "model")
+    if group is None:
+        target, tokenizer = load_checkpoint(model_path, "model")
+    else:  # the target sharded across the ranks; the drafter whole on each
+        try:
+            target, tokenizer = shard.load(model_path, group)
+        except OptionError as e:
+            raise UsageError(str(e))
     draft = None
     if options.mode != "classic" or args.resolved.auto:
         draft, draft_tok = load_checkpoint(draft_path, "draft-model")
@@ -114,14 +123,25 @@ def _load(args, options):
     return target, draft, tokenizer, model_path, draft_path
 
 
+def _sharding(args):
+    return "--sharded" if args.sharded else None
+
+
 def cmd_generate(args) -> int:
     resolved = args.resolved
     options, spell, say = resolved.options, resolved.spell, not args.quiet
     prepare(args.blas, quiet=args.quiet)
+    paths = (args.model, args.draft_model) if args.model is not None else default_pair()
+    try:
+        group, ranks = dist.start(_sharding(args), "--sharded", sys.argv[1:],
+                                  paths, args.check_ranks)
+    except OptionError as e:
+        raise UsageError(str(e))
+    say = say and (group is None or group.rank() == 0)  # rank 0 prints
     for note in resolved.notes:
         if say:
             print(f"note: {note}", file=sys.stderr)
-    target, draft, tokenizer, model_path, draft_path = _load(args, options)
+    target, draft, tokenizer, model_path, draft_path = _load(args, options, group)
     prompt = encode_prompt(tokenizer, resolved.prompt, args.ignore_chat_template)
     chosen = None
     if resolved.auto:
@@ -129,6 +149,8 @@ def cmd_generate(args) -> int:
                         tokenizer=tokenizer)
         options = auto_options(options, auto_kwargs(chosen))
     kwargs = decode_kwargs(options)
+    if group is not None:
+        kwargs.update(dist.decode_kwargs(ranks))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PositionWarning)
         try:
@@ -143,8 +165,12 @@ def cmd_generate(args) -> int:
             warnings.simplefilter("ignore", PositionWarning)  # said above, once
             result = decode(target, prompt, draft_model=draft if kwargs["mode"] != "classic"
                             else None, eos_token_ids=list(tokenizer.eos_token_ids), **kwargs)
+        if ranks is not None:
+            ranks.final(result.tokens)
     except TreeRefused as e:
         raise UsageError(f"the target refuses tree verification: {e}")
+    except dist.RankDivergence as e:
+        raise UsageError(f"--check-ranks: {e}")
     except ValueError as e:  # refusals of sampling, rollback and options
         raise UsageError(str(e))
     seconds = time.perf_counter() - t0
@@ -158,6 +184,11 @@ def cmd_generate(args) -> int:
         summary["auto"] = {"chose": auto_kwargs(chosen), "reason": chosen["reason"]}
     summary.update(settings())  # the device and TF32: which device made this record, how
     summary["blas"] = describe(detect())
+    if group is not None:
+        summary["distributed"] = {"ranks": group.size(), "sharding": _sharding(args),
+                                  "check_ranks": ranks is not None}
+        if group.rank() != 0:  # rank 0 prints
+            return 0
     last = final_line(summary, len(result.tokens), seconds)
     if args.json:
         print(json.dumps({"text": text, "tokens": result.tokens, "diagnostics": summary,

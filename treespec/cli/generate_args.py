@@ -111,6 +111,13 @@ def add_parser(sub):
     g.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
     add_device_flag(g)
+    g.add_argument("--sharded", action="store_true",
+                   help="under mlx.launch: shard the target tensor-parallel across the ranks "
+                   "with mlx-lm's shard(group) (sharded_load); the drafter stays whole on "
+                   "every rank; rank 0 prints")
+    g.add_argument("--check-ranks", action="store_true",
+                   help="with --sharded: compare every round's path and emitted tokens across "
+                   "the ranks (one small all-gather per round)")
     out = g.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true",
                      help="one JSON object: text, tokens, diagnostics")
@@ -162,6 +169,14 @@ def resolve(args) -> Resolved:
     shape = dict(block=block, branching=args.tree_branching, parents=args.tree_parents,
                  budget=args.budget, width=args.width)
     auto = mode == "auto"
+    sharding = "--sharded" if args.sharded else None
+    if args.check_ranks and sharding is None:
+        raise UsageError("--check-ranks compares the ranks of a sharded target: give "
+                         "--sharded (under mlx.launch)")
+    if auto and sharding is not None:
+        # Its calibration is timed on each rank: the ranks would choose apart.
+        raise UsageError(f"{sharding}: --mode auto calibrates by timing on each rank, and the "
+                         "ranks could choose different shapes; give --mode chain or tree")
     if auto:
         if args.temp != 0:
             raise UsageError(f"--mode auto calibrates greedy decoding; at --temp {args.temp:g} "

@@ -1,0 +1,57 @@
+"""Running a program on two local ranks with MLX's own launcher
+(``mlx.launch -n 2 --backend ring``), from a test: each launch listens on
+ports of its own, so launches of parallel pytest workers never meet."""
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from suites.helpers_subprocess import project_env
+
+RANKS = 2
+WORKER = Path(__file__).with_name("helpers_worker.py")
+LAUNCH = Path(sys.executable).with_name("mlx.launch")
+
+
+def free_port() -> int:
+    """A base port whose successor is free too (the ring listens on one per rank)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + RANKS >= 65535:
+            continue
+        try:
+            with socket.socket() as t:
+                t.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+
+
+def launch(args, tmp_path: Path, env=None) -> subprocess.CompletedProcess:
+    """``mlx.launch -n 2 --backend ring`` of ``args`` (a python script and its
+    arguments, or ``-m module ...``), run in the repository root."""
+    cmd = [str(LAUNCH), "-n", str(RANKS), "--backend", "ring", "--starting-port",
+           str(free_port()), "--python", sys.executable, *map(str, args)]
+    full_env = project_env(**(env or {}))
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env,
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+def run_worker(spec: dict, tmp_path: Path) -> list:
+    """Every rank's report of helpers_worker.py for ``spec``, rank order."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    done = launch([WORKER, spec_file, out], tmp_path)
+    # mlx.launch can exit 0 when a rank died after its peer: a missing report fails too.
+    missing = [r for r in range(RANKS) if not (out / f"rank{r}.json").exists()]
+    assert done.returncode == 0 and not missing, (
+        f"rc {done.returncode}, no report from rank(s) {missing}:\n"
+        + done.stdout[-3000:] + done.stderr[-3000:])
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]

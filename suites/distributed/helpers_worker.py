@@ -1,0 +1,146 @@
+"""The program every rank runs under ``mlx.launch`` for suites/distributed:
+``python helpers_worker.py SPEC.json OUT_DIR``. It builds a zoo model, shards it
+with mlx-lm's own code (treespec.distributed.shard), and writes what the tests
+compare to OUT_DIR/rank<r>.json: the tree verify's logits beside one-token steps
+of the same sharded model, the next steps after a commit beside a cache that
+only ever saw the accepted path, and the texts of classic, chain and tree
+decoding (rank check on). It compares nothing itself: the tests do.
+
+SPEC: family, dtype, how ("tensor" | "none"), checks (subset of
+verify, rollback, text, unsharded), memo ({rank: dir}: each rank's gate memo),
+max_tokens, modes (of chain, fixed, confidence), prompts (how many), plain_gate
+(decode with the library's default gate name, as a run that did not say it is
+sharded: what stores a verdict in the memo). The memo dirs are set before
+treespec is imported.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+SPEC = json.loads(Path(sys.argv[1]).read_text())
+RANK = os.environ.get("MLX_RANK", "0")
+if SPEC.get("memo"):
+    os.environ["TREESPEC_CACHE_DIR"] = SPEC["memo"][RANK]
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache  # noqa: E402
+
+from treespec import DraftTree, zoo  # noqa: E402
+from treespec.decoding import decode  # noqa: E402
+from treespec.distributed import group as dist, shard  # noqa: E402
+from treespec.models import prefill  # noqa: E402
+from treespec.verify import adapter_for  # noqa: E402
+
+PROMPTS = ("def fibonacci(n):\n    ", "import os\nimport sys\n")
+# A branching tree of 7 nodes (three depths, siblings at two of them).
+PARENTS = (-1, 0, 0, 1, 1, 2, 3)
+
+
+def model():
+    target = zoo.build(SPEC["family"], SPEC.get("dtype", "float32"))
+    if SPEC["how"] != "none":
+        shard.shard(target, mx.distributed.init())
+    return target
+
+
+def step(target, cache, tokens):
+    """One-token forwards, the last logits as float32 lists."""
+    out = None
+    for t in tokens:
+        out = target(mx.array([[t]]), cache=cache)[0, -1]
+    mx.eval(out)
+    return np.array(out.astype(mx.float32)).tolist()
+
+
+def cache_for(target, mode):
+    if mode == "quantized":  # mlx-lm's QuantizedKVCache, group 32 (the zoo's head_dim allows it)
+        return [QuantizedKVCache(group_size=32, bits=8) for _ in target.layers]
+    return make_prompt_cache(target, max_kv_size=8 if mode == "rotating" else None)
+
+
+def verify_and_steps(target, prompt, tree_tokens):
+    """Each node's verify logits, and one-token steps over its root path."""
+    tree = DraftTree(list(tree_tokens), list(PARENTS))
+    cache = make_prompt_cache(target)
+    prefill(target, cache, prompt[:-1])
+    got = adapter_for(target).verify_handle(tree, cache).logits.astype(mx.float32)
+    mx.eval(got)
+    out = []
+    for i in range(len(PARENTS)):
+        ref = make_prompt_cache(target)
+        prefill(target, ref, prompt[:-1])
+        path = tree.path_to(i)
+        out.append({"verify": np.array(got[i]).tolist(),
+                    "steps": step(target, ref, [tree_tokens[j] for j in path])})
+    return out
+
+
+def rollback(target, prompt, tree_tokens, mode):
+    """After committing the deepest path, three more one-token steps; beside
+    them, the same steps on a cache that only ever saw that path."""
+    tree = DraftTree(list(tree_tokens), list(PARENTS))
+    path = list(tree.path_to(len(PARENTS) - 1))
+    more = [5, 9, 11]
+    cache = cache_for(target, mode)
+    prefill(target, cache, prompt[:-1])
+    adapter = adapter_for(target)
+    adapter.commit(cache, tree, path, verified=adapter.verify_handle(tree, cache))
+    got = [step(target, cache, [t]) for t in more]
+    ref_cache = cache_for(target, mode)
+    prefill(target, ref_cache, prompt[:-1])
+    step(target, ref_cache, [tree_tokens[j] for j in path])
+    ref = [step(target, ref_cache, [t]) for t in more]
+    return {"got": got, "ref": ref}
+
+
+def texts(target, draft, prompt, check):
+    n = SPEC.get("max_tokens", 24)
+    kw = dist.decode_kwargs(check) if SPEC["how"] != "none" else {}
+    if SPEC.get("plain_gate"):
+        kw.pop("adapter_name", None)
+    out = {"classic": decode(target, prompt, mode="classic", max_tokens=n).tokens}
+    for name, extra in (("chain", {"mode": "chain"}),
+                        ("fixed", {"mode": "tree", "branching": [2, 2, 1]}),
+                        ("confidence", {"mode": "tree", "budget": 6})):
+        if name not in SPEC.get("modes", (name,)):
+            continue
+        r = decode(target, prompt, draft_model=draft, max_tokens=n, **extra, **kw)
+        if check is not None:
+            check.final(r.tokens)
+        out[name] = {"tokens": r.tokens, "gate": r.stats.summary()["gate"]["reason"],
+                     "rounds": r.stats.rounds}
+    return out
+
+
+def main():
+    target = model()
+    tok = zoo.tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS]
+    rng = np.random.RandomState(0)
+    tree_tokens = [prompts[0][-1]] + rng.randint(3, 200, size=len(PARENTS) - 1).tolist()
+    report = {"rank": int(RANK), "spec": SPEC}
+    checks = SPEC["checks"]
+    if "verify" in checks:
+        report["verify"] = verify_and_steps(target, prompts[0], tree_tokens)
+    if "rollback" in checks:
+        report["rollback"] = {m: rollback(target, prompts[0], tree_tokens, m)
+                              for m in SPEC.get("cache_modes", ["plain"])}
+    if "text" in checks:
+        check = dist.RankCheck(mx.distributed.init()) if SPEC["how"] != "none" else None
+        draft = zoo.drafter(SPEC["family"], SPEC.get("dtype", "float32"))
+        report["text"] = [texts(target, draft, p, check)
+                          for p in prompts[:SPEC.get("prompts", len(prompts))]]
+    if "unsharded" in checks:  # the same logits unsharded, for the measured difference
+        whole = zoo.build(SPEC["family"], SPEC.get("dtype", "float32"))
+        a = make_prompt_cache(target)
+        b = make_prompt_cache(whole)
+        report["unsharded"] = {"sharded": step(target, a, prompts[0]),
+                               "whole": step(whole, b, prompts[0])}
+    Path(sys.argv[2], f"rank{RANK}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""A target sharded across processes with MLX's own distributed engine
+(``mlx.launch``, ``mx.distributed``, mlx-lm's tensor-parallel
+``shard(group)``): every rank verifies the same tree, walks the same path
+and commits the same rows (docs/distributed.md).
+
+``lockstep`` (pure): one round as a row of integers, and which rank
+disagrees. ``group``: joining the launcher's group, the ranks' agreement on
+what they run, and the per-round rank check. ``shard``: sharding a model or
+loading a checkpoint sharded (mlx-lm's ``sharded_load``), with the reasons a
+model cannot be.
+"""
