@@ -9,6 +9,8 @@ import copy
 import mlx.core as mx
 import pytest
 
+from suites.helpers_numerics import exact_backend
+from suites.verdict import census_line
 from suites.verify import helpers
 from treespec.audit.records import PASS
 from treespec.audit.subject import Subject
@@ -46,6 +48,11 @@ def planted():
 
 
 def test_node_rows_equal_to_same_width_forwards_are_proven_bit_for_bit(planted):
+    # The plant must be the only width dependence: on a backend the census measures
+    # inexact (BLIS: a row's bits also depend on its place in the call), the verify's
+    # row i and the padded forward's row depth(i) may differ, and are then judged.
+    if not exact_backend():
+        pytest.skip(f"{census_line()}: the planted width term is not the only one here")
     model, before = planted
     logits = adapter_for(model).verify(TREE, clone(before))
     same = padded_rows(model, before, TREE)
@@ -72,6 +79,8 @@ def test_there_is_no_same_width_reference_on_a_sliding_window_ring():
 def test_the_audit_proves_tree_rows_at_the_verify_width_and_says_so(planted):
     """`treespec audit`'s tree-verify row takes the same second reference: on
     a width-dependent model every node is bit-exact, and the row says why."""
+    if not exact_backend():
+        pytest.skip(f"{census_line()}: the planted width term is not the only one here")
     model, _ = planted
     check = check_tree_verify(Subject(model))
     assert check.status == PASS, check.line()
