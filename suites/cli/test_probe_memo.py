@@ -4,6 +4,7 @@ ignored with a note and never trusted, and the probe's cost is reported
 when it is paid."""
 
 import json
+import shutil
 from pathlib import Path
 import re
 
@@ -139,3 +140,19 @@ def test_the_command_line_reports_the_probe_when_it_pays_for_it(memo_dir, capsys
     no_probing(monkeypatch)
     assert main(["generate", "-m", "4"]) == 0
     assert TIMES.search(capsys.readouterr().out).group(1) == "read from its memo"
+
+
+def test_the_source_digest_covers_every_module_of_the_package(tmp_path):
+    """A stored verdict is this code's only if every treespec module is the
+    one it was measured with: the verify, the caches and the drafters decide
+    it as much as the gate does (the digest once covered treespec/evidence/
+    alone). Edited in a copy: a module outside evidence/ moves the digest."""
+    assert (gate_memo.PACKAGE / "decoding.py").exists() and (gate_memo.PACKAGE / "verify").is_dir()
+    copy = tmp_path / "treespec"
+    shutil.copytree(gate_memo.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    digest = gate_memo.source_digest.__wrapped__  # unmemoized: the copy changes
+    before = digest(copy)
+    assert before == gate_memo.source_digest()
+    adapter = copy / "verify" / "adapter.py"
+    adapter.write_text(adapter.read_text() + "\n# edited\n")
+    assert digest(copy) != before

@@ -34,12 +34,17 @@ def cache_dir() -> Path:
     return Path(root) / "gate"
 
 
-@lru_cache(maxsize=1)
-def source_digest() -> str:
+# The treespec package: every module of it can change a verdict (the verify,
+# the caches, the drafters), not only this folder's (the digest once covered
+# treespec/evidence/ alone, after the package's folders were made).
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@lru_cache(maxsize=4)
+def source_digest(root: Path = PACKAGE) -> str:
     """sha256 of every treespec source file (path and bytes): a verdict
     stored by other code is not this code's verdict."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
