@@ -28,8 +28,11 @@ def test_a_sharded_decode_is_classic_decodings_text_when_only_one_rank_holds_a_g
     round. Fails (the worker dies: ring peer lost, after a declined probe)
     with decode_kwargs leaving the default gate name, tried."""
     warm, empty = tmp_path / "warm", tmp_path / "empty"
-    run_worker({**SPEC, "plain_gate": True, "memo": {"0": str(warm), "1": str(warm)}},
-               tmp_path / "first")
+    # Warmed with a memo folder per rank, both empty: both probe, in step. (One
+    # folder for both would race: the later rank could read the earlier's
+    # verdict and skip its probe forwards, the very drift this test is about.)
+    run_worker({**SPEC, "plain_gate": True,
+                "memo": {"0": str(warm), "1": str(tmp_path / "scratch")}}, tmp_path / "first")
     assert any((warm / "gate").iterdir()), "the first run stored no verdict to read"
     reports = run_worker({**SPEC, "memo": {"0": str(warm), "1": str(empty)}}, tmp_path / "second")
     for rank in reports:

@@ -13,6 +13,11 @@ tests on one worker and the launch is paid once.
 import numpy as np
 import pytest
 
+from suites.helpers_gate import DECLINED
+from suites.helpers_numerics import exact_backend
+from suites.verdict import ROLLBACK_DECODE, VERIFY, census_line, expect
+from treespec.evidence import numerics
+
 from .helpers_launch import RANKS, run_worker
 
 # A representative set: a plain llama, qwen3 (q/k norms), qwen3_5 (GatedDeltaNet
@@ -40,10 +45,21 @@ def reports(request, tmp_path_factory):
     return _REPORTS[name]
 
 
+def bit_level_here(contract: str):
+    """These comparisons are bit for bit: where the census measures the
+    backend inexact there is no envelope for sharded forwards yet, so the
+    verdict is inconclusive, said, never a pass."""
+    if not exact_backend():
+        expect(numerics.Verdict(numerics.INCONCLUSIVE, detail=(
+            f"a bit-level check of a sharded target, and {census_line()}: no envelope for "
+            "sharded forwards yet")), contract, "sharded")
+
+
 def test_every_node_verifies_bit_for_bit_as_one_token_steps_of_the_same_sharded_model(reports):
     """Contract 6 on a sharded target: each node of a branching tree, verified
     in one forward, has the logits of one-token steps over its root path
-    (reference BLAS: bit for bit)."""
+    (a backend the census measures exact: bit for bit)."""
+    bit_level_here(VERIFY)
     for rank in reports:
         for node, r in enumerate(rank["verify"]):
             assert r["verify"] == r["steps"], (rank["rank"], node)
@@ -54,6 +70,7 @@ def test_a_commit_leaves_the_cache_a_decode_of_the_accepted_path_would_have(repo
     committing the deepest path, the next one-token steps give the logits of a
     cache that only ever saw that path (each rank's shard of the cache: heads,
     and qwen3_5's split GatedDeltaNet state)."""
+    bit_level_here(ROLLBACK_DECODE)
     for rank in reports:
         for mode, r in rank["rollback"].items():
             assert r["got"] == r["ref"], (rank["rank"], mode)
@@ -68,7 +85,11 @@ def test_greedy_chain_and_trees_emit_classic_decodings_text_of_the_same_sharded_
         for prompt in rank["text"]:
             for mode in ("chain", "fixed", "confidence"):
                 assert prompt[mode]["tokens"] == prompt["classic"], (rank["rank"], mode)
-                assert prompt[mode]["gate"].startswith("probe passed"), prompt[mode]["gate"]
+                # Speculation ran where the probe passed; only off an exact backend may
+                # the gate decline (the text is then classic decoding's, as checked).
+                gate = prompt[mode]["gate"]
+                assert gate.startswith("probe passed") or (
+                    not exact_backend() and gate.startswith(DECLINED)), gate
 
 
 def test_every_rank_verifies_walks_and_emits_the_same(reports):

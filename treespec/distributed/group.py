@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.generate import generation_stream
 
 from ..errors import OptionError
 from .lockstep import disagreement, row, tokens_disagreement
@@ -72,8 +73,16 @@ def stray(flags: str) -> Optional[str]:
 
 
 def gather(group, values: np.ndarray) -> np.ndarray:
-    """Every rank's ``values`` (same shape and dtype on each), rank r's at row r."""
-    out = mx.distributed.all_gather(mx.array(values[None]), group=group, stream=mx.cpu)
+    """Every rank's ``values`` (same shape and dtype on each), rank r's at row r.
+
+    On mlx-lm's generation stream, the one the rounds' all-reduces run on: a
+    collective pairs the ranks' calls by their order, and mlx-lm's classic
+    decoding leaves one forward in flight (it evaluates the next token ahead),
+    so a gather on another stream could interleave with that forward's
+    all-reduces (under OpenBLAS it did: the ranks gathered each other's
+    activations as token counts)."""
+    out = mx.distributed.all_gather(mx.array(values[None]), group=group,
+                                    stream=generation_stream)
     return np.array(out)
 
 
