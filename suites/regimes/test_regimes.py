@@ -102,3 +102,12 @@ def test_a_regime_without_goldens_is_told_how_to_record_them(tmp_path):
     assert re.search(r"e2e: text = mlx_lm.generate\s+llama\s+float32\s+bit-exact", proc.stdout), \
         proc.stdout[-3000:]
     assert sorted(p.name for p in GOLDEN.iterdir()) == before
+
+
+def test_the_snapshot_folders_hold_snapshots_only():
+    """syrupy takes every file under golden/e2e/<regime>/ for a snapshot file
+    and fails a run that leaves one unused: the envelope recordings live in
+    golden/envelopes/ (they once sat in the e2e folders and the whole suite
+    exited 1 after 2488 passed tests)."""
+    others = [p for p in GOLDEN.rglob("*") if p.is_file() and p.suffix != ".ambr"]
+    assert others == [], others
