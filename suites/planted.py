@@ -17,6 +17,7 @@ and the plant tests run the suite's checks :func:`suites.verdict.unrecorded`:
 a FAIL they provoke on purpose is not the run's verdict.
 """
 
+import copy
 import importlib
 import shutil
 import tempfile
@@ -189,6 +190,20 @@ PLANTS = {p.name: p for p in [
           "array mask, T > 1, 1024+ keys", FAIL,
           _maskless_attention(lambda q, k: _keys(k) >= 1024), at_size=True),
 ]}
+
+
+def shape_dependent(model, eps: float, axis: int, name: str):
+    """A copy of ``model`` whose logits move by ``eps`` per extra entry of its
+    input's ``axis`` (0: the batch, 1: the tokens of the call): a backend whose
+    products depend on that size, planted above the model (its class, layers
+    and caches otherwise the model's)."""
+    cls = type(model)
+
+    def call(self, inputs, cache=None, **kw):
+        return cls.__call__(self, inputs, cache=cache, **kw) + eps * (inputs.shape[axis] - 1)
+    planted = copy.deepcopy(model)
+    planted.__class__ = type(f"{name}{cls.__name__}", (cls,), {"__call__": call})
+    return planted
 
 
 @contextmanager

@@ -5,12 +5,11 @@ envelope and makes the gate decline; a RoPE off by one and an attention
 dropping its mask that the envelope does not admit) are in suites/plants,
 with every other planted regression."""
 
-import copy
-
 import mlx.core as mx
 import pytest
 
 from suites.families.helpers_models import build
+from suites.planted import shape_dependent
 from suites.verify import helpers
 from treespec.evidence import numerics
 from treespec.tree import DraftTree
@@ -89,19 +88,6 @@ def test_a_width_that_matches_single_steps_is_believed_only_on_every_sample():
     assert len(set(m.contexts)) > numerics.SAMPLES // 2  # spread over the bucket, not one context
 
 
-def batch_dependent(model, eps: float):
-    """A copy of ``model`` whose logits move by ``eps`` per extra batch row:
-    a backend whose products depend on the batch size, planted above the
-    model (its class, layers and caches otherwise the model's)."""
-    cls = type(model)
-
-    def call(self, inputs, cache=None):
-        return cls.__call__(self, inputs, cache=cache) + eps * (inputs.shape[0] - 1)
-    planted = copy.deepcopy(model)
-    planted.__class__ = type(f"BatchDependent{cls.__name__}", (cls,), {"__call__": call})
-    return planted
-
-
 @pytest.mark.parametrize("family, batched", [("mamba", True), ("llama", False)])
 def test_the_envelope_takes_in_the_batch_rows_a_tree_path_runs(family, batched):
     """The tree-aware recurrence runs each depth's nodes as one batch, so a
@@ -112,7 +98,7 @@ def test_the_envelope_takes_in_the_batch_rows_a_tree_path_runs(family, batched):
     real = build(family)
     eps = 1e-3
     plain = numerics.Measurement(real, adapter_for(real), context=8).width(3)[0]
-    planted = numerics.Measurement(batch_dependent(real, eps), adapter_for(real), context=8)
+    planted = numerics.Measurement(shape_dependent(real, eps, 0, "BatchDependent"), adapter_for(real), context=8)
     widened = planted.width(3)[0]
     if batched:
         assert widened >= 2 * eps > plain, (widened, plain)

@@ -4,13 +4,12 @@ plain forward over each root path padded to the verify's width are
 bit-exact, a proof with no envelope; anything else is judged as before, so a
 defect still fails."""
 
-import copy
-
 import mlx.core as mx
 import pytest
 
 from suites.helpers_numerics import exact_backend
 from suites.verdict import census_line
+from suites.planted import shape_dependent
 from suites.verify import helpers
 from treespec.audit.records import PASS
 from treespec.audit.subject import Subject
@@ -27,22 +26,11 @@ EPS = 1e-3
 TREE = DraftTree(helpers.tokens(7, 11), [-1, 0, 0, 1, 1, 2, 4])
 
 
-def width_dependent(model):
-    """A copy of ``model`` whose logits move by EPS per extra token of the
-    call: a backend whose products depend on their width, planted above the
-    model (a row is still the same whatever else shares a call of one width)."""
-    cls = type(model)
-
-    def call(self, inputs, cache=None, **kw):
-        return cls.__call__(self, inputs, cache=cache, **kw) + EPS * (inputs.shape[1] - 1)
-    planted = copy.deepcopy(model)
-    planted.__class__ = type(f"WidthDependent{cls.__name__}", (cls,), {"__call__": call})
-    return planted
-
-
 @pytest.fixture(scope="module")
 def planted():
-    model = width_dependent(helpers.model("llama", "float32"))
+    # logits moved by EPS per extra token of a call: a backend whose products
+    # depend on their width (a row still the same whatever shares a call of one width)
+    model = shape_dependent(helpers.model("llama", "float32"), EPS, 1, "WidthDependent")
     before = helpers.history(6).replay(model)
     return model, before
 
