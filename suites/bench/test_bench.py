@@ -460,7 +460,7 @@ def test_the_shared_probe_reports_a_nan_difference_as_nan(monkeypatch):
     """A shape whose verify gave NaN is the worst difference, never hidden
     behind a finite one by max()."""
     diffs = {(-1,): float("nan"), (-1, 0): 0.5}
-    monkeypatch.setattr(B, "compare_shape", lambda model, shape, draws: ShapeResult(
+    monkeypatch.setattr(B, "compare_shape", lambda model, shape, draws, adapter=None: ShapeResult(
         shape, False, diffs[shape], 0, 0, draws))
     d = B.SharedProbe()(zoo.build("llama"), [(-1, 0), (-1,)])
     assert not d.run and "max |diff| nan" in d.reason, d.reason

@@ -50,7 +50,9 @@ def test_the_table_names_the_backend_and_gives_a_row_per_op_how_and_dtype(capsys
     for r in rows:  # each row once, with its verdict
         assert sum(ln.split()[:3] == [r.op, r.how, r.dtype] and r.shape in ln
                    and r.verdict in ln for ln in lines) == 1, r
-    assert lines[-1].startswith(c.summary(rows))
+    assert lines[-2].startswith(c.summary(rows))
+    width = c.row_width(rows, "float32")[0]
+    assert lines[-1].startswith(f"row-invariant verify (--verify rows): float32 up to {width} nodes")
 
 
 def test_json_holds_the_rows_and_the_backend(capsys):

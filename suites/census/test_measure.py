@@ -140,10 +140,32 @@ def test_the_default_census_covers_every_op_in_every_dtype():
     ops = {(r.op, r.how) for r in got}
     assert ops >= {("matmul", "tokens"), ("matmul", "batch"), ("quantized_matmul", "tokens"),
                    ("sdpa", "tokens"), ("sdpa+mask", "tokens"), ("sdpa+additive", "tokens"),
-                   ("sdpa+causal", "tokens"), ("rms_norm", "tokens"), ("rope", "tokens"),
+                   ("sdpa+causal", "tokens"), ("sdpa", "batch"), ("rms_norm", "tokens"),
+                   ("rope", "tokens"),
                    ("rope", "batch"), ("conv1d", "steps"), ("conv1d", "batch"),
                    ("gated_delta", "steps"), ("gated_delta", "batch")}
     assert {r.dtype for r in got} == set(c.DTYPES)
     assert all(r.widths == (1, 2) and r.error is None for r in got), [r for r in got if r.error]
     # one seed, one census: reproducible to the bit
     assert c.census(widths=(1, 2)) == got
+
+
+def test_the_row_invariant_width_is_the_smallest_cap_of_the_rows_that_verify_rests_on():
+    # --verify rows runs attention, projections and rope on the batch axis and the
+    # rest of a layer over T token rows: the flat verify's attention and rope token
+    # rows and the recurrent steps rows do not limit it; an op that could not run does
+    def row(op, how, first, dtype="float32", error=None):
+        return c.Row(op, dtype, "s", (1, 2, 3, 4, 5, 6), first, 0.0 if first is None else 1e-6,
+                     how, error)
+
+    rows_ = [row("matmul", "tokens", 5), row("matmul", "batch", None), row("sdpa", "batch", None),
+             row("sdpa+mask", "tokens", 2), row("rope", "tokens", 2), row("ssm_update", "steps", 2),
+             row("rms_norm", "tokens", None), row("matmul", "tokens", 2, dtype="bfloat16")]
+    assert c.row_width(rows_, "float32") == (4, [rows_[0]])
+    assert c.row_width(rows_, "bfloat16") == (1, [rows_[-1]])
+    assert c.row_width(rows_) == (1, [rows_[-1]])
+    assert c.row_width([row("sdpa", "batch", 3)]) == (2, [row("sdpa", "batch", 3)])
+    assert c.row_width([row("sdpa", "batch", None)])[0] == 6
+    broken = row("gated_delta", "batch", None, error="RuntimeError: no kernel")
+    assert c.row_width([broken, rows_[1]]) == (0, [broken])
+    assert c.row_width([rows_[3], rows_[5]]) == (None, [])

@@ -245,3 +245,11 @@ def test_help_and_flag_errors_import_neither_mlx_lm_nor_the_decoder():
     assert run.returncode == 0, run.stderr
     assert "HEAVY []" in run.stdout, run.stdout[-500:]
     assert run.stderr.count("error: --budget 10000") == 1
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--mode", "classic"], "--verify rows with --mode classic: classic decoding verifies no draft"),
+    (["--mode", "auto"], "--verify rows with --mode auto: --mode auto calibrates the flat verify"),
+], ids=["classic", "auto"])
+def test_the_row_invariant_verify_is_refused_where_it_would_not_act(capsys, flags, says):
+    assert says in error_of(capsys, "--verify", "rows", *flags)

@@ -53,6 +53,20 @@ def test_generate_with_no_arguments_runs_the_built_in_pair_and_matches_mlx_lm():
     expect(verdict, E2E, *model_label(target))
 
 
+@pytest.mark.exactness
+def test_the_row_invariant_verify_decodes_mlx_lms_text_through_its_own_gate():
+    run = run_cli("--json", "--max-tokens", "24", "--mode", "tree", "--budget", "4",
+                  "--verify", "rows")
+    assert run.returncode == 0, run.stderr
+    d = json.loads(run.stdout)["diagnostics"]
+    target, tokenizer = mlx_lm.load(str(default_pair()[0]))
+    want = mlx_lm.generate(target, tokenizer, prompt="def fibonacci(n):\n    ", max_tokens=24)
+    assert json.loads(run.stdout)["text"] == want
+    assert d["verify"] == "rows"
+    family, dtype = model_label(target)
+    expect(gate_verdict(d["gate"], d["mode"], "tree"), E2E, family, f"{dtype} rows")
+
+
 def test_tree_mode_with_checkpoint_paths_prints_text_then_diagnostics(tmp_path):
     target = zoo.checkpoint("qwen3_5")
     draft = zoo.drafter_checkpoint("qwen3_5")

@@ -42,7 +42,8 @@ from mlx_lm.models.ssm import ssm_update
 from .census_shapes import DEFAULT_SPECS, HISTORY, Spec, model_dtype, model_specs
 
 __all__ = ["DTYPES", "WIDTHS", "Row", "against_alone", "against_steps", "census", "format_table",
-           "inexact", "measure", "measure_rows", "summary", "to_json", "widths_text"]
+           "inexact", "measure", "measure_rows", "row_invariant", "row_width", "summary",
+           "to_json", "widths_text"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 WIDTHS = tuple(range(1, 17))
@@ -265,6 +266,20 @@ def _attention(variant: str):
     return build
 
 
+def _attention_rows(spec, dt, rng, width, how):
+    """``batch``: M batch rows, each one query over keys of its own (the
+    same count), against each row alone: how the row-invariant verify runs
+    one depth of a tree (treespec.verify.depth_steps)."""
+    h, kv, d = spec["heads"], spec["kv_heads"], spec["head_dim"]
+    q = _normal(rng, (width, h, 1, d), dt)
+    k, v = (_normal(rng, (width, kv, HISTORY + 1, d), dt) for _ in range(2))
+
+    def sdpa(rows: slice):
+        return mx.fast.scaled_dot_product_attention(q[rows], k[rows], v[rows], scale=d ** -0.5)
+
+    return against_alone(lambda m: sdpa(slice(0, m)), lambda i: sdpa(slice(i, i + 1)), 0)
+
+
 def _conv(spec, dt, rng, width, how):
     c, out, k, g = spec["channels"], spec["channels_out"], spec["kernel"], spec["groups"]
     w = _normal(rng, (out, k, c // g), dt, k ** -0.5)
@@ -339,7 +354,8 @@ MEASURES = {
     "rope": [("rope", "tokens", _rope), ("rope", "batch", _rope)],
     "sdpa": [("sdpa", "tokens", _attention("")), ("sdpa+causal", "tokens", _attention("causal")),
              ("sdpa+mask", "tokens", _attention("mask")),
-             ("sdpa+additive", "tokens", _attention("additive"))],
+             ("sdpa+additive", "tokens", _attention("additive")),
+             ("sdpa", "batch", _attention_rows)],
     "conv1d": [("conv1d", "steps", _conv), ("conv1d", "batch", _conv)],
     "gated_delta": [("gated_delta", "steps", _gated_delta), ("gated_delta", "batch", _gated_delta)],
     "ssm_update": [("ssm_update", "steps", _ssm_update), ("ssm_update", "batch", _ssm_update)],
@@ -396,6 +412,36 @@ def census(model=None, dtypes: Optional[Sequence[str]] = None, widths: Sequence[
 
 # ---------------------------------------------------------------------------
 # Reading a census (no device code).
+
+
+def row_invariant(row: Row) -> bool:
+    """Whether the row-invariant verify rests on ``row``'s property: every
+    ``batch`` row (its attention, projections, rope and recurrence run the
+    nodes on the batch axis), and the ``tokens`` rows of products and norms
+    (the rest of the layer runs over the T nodes); not the attention's or
+    the rope's ``tokens`` rows (the flat verify's), nor ``steps``."""
+    return row.how == "batch" or (row.how == "tokens" and not row.op.startswith(("sdpa", "rope")))
+
+
+def row_width(rows: Sequence[Row], dtype: Optional[str] = None) -> Tuple[Optional[int], List[Row]]:
+    """(the largest M at which every row the row-invariant verify rests on
+    (:func:`row_invariant`) is identical at every measured width up to M,
+    the rows that set it). None when no such row was measured; 0 when one
+    could not run. A tree of at most that many nodes verifies bit-identically
+    to one-token steps on this backend, if the rest of the model is what the
+    census measured. ``dtype``: that dtype's rows only (None: all)."""
+    used = [r for r in rows if row_invariant(r) and dtype in (None, r.dtype)]
+    if not used:
+        return None, []
+
+    def cap(r: Row) -> int:
+        if r.error:
+            return 0
+        return r.widths[-1] if r.first_differs is None else r.first_differs - 1
+
+    width = min(cap(r) for r in used)
+    limiting = [r for r in used if cap(r) == width and (r.error or r.first_differs is not None)]
+    return width, limiting
 
 
 def widths_text(widths: Sequence[int]) -> str:

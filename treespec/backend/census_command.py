@@ -11,7 +11,7 @@ import mlx.core as mx
 from ..checkpoints import load_checkpoint
 from ..cli.process import prepare
 from . import blas
-from .census import census, format_table, summary, to_json, widths_text
+from .census import census, format_table, row_width, summary, to_json, widths_text
 from .census_shapes import model_dtype
 
 TF32 = "MLX_ENABLE_TF32"
@@ -53,11 +53,29 @@ def cmd_census(args) -> int:
     b = backend()
     if args.json:
         print(json.dumps({"backend": b, "shapes": shapes, "rows": to_json(rows),
-                          "summary": summary(rows), "seconds": round(seconds, 3)}))
+                          "summary": summary(rows), "seconds": round(seconds, 3),
+                          "row_invariant_width": {d: row_width(rows, d)[0]
+                                                  for d in dict.fromkeys(r.dtype for r in rows)}}))
     else:
         print(header(b, shapes, args.widths))
         print()
         print(format_table(rows))
         print()
         print(f"{summary(rows)} ({len(rows)} rows in {seconds:.2f} s)")
+        print(rows_line(rows))
     return 0
+
+
+def rows_line(rows) -> str:
+    """One line: per dtype, up to how many nodes the row-invariant verify
+    (``--verify rows``) keeps every node's row bit-identical to one-token
+    steps on this backend, and the first row that limits it."""
+    parts = []
+    for d in dict.fromkeys(r.dtype for r in rows):
+        width, limiting = row_width(rows, d)
+        if width is None:
+            continue
+        why = (f" ({limiting[0].op} {limiting[0].how} {limiting[0].shape}: "
+               f"{limiting[0].error or limiting[0].verdict})" if limiting else "")
+        parts.append(f"{d} up to {width} nodes{why}")
+    return "row-invariant verify (--verify rows): " + ("; ".join(parts) or "no row measured")

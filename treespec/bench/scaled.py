@@ -16,9 +16,10 @@ is, and the drafter costs what ``draft_layers`` layers and the head cost.
 """
 
 import argparse
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import make_prompt_cache
@@ -42,7 +43,8 @@ def filled_cache(model, context: int) -> list:
 
 
 def build_pair(hidden: int = 2048, layers: int = 16, draft_layers: int = 2,
-               alpha: float = 0.3, dtype: str = "bfloat16", seed: int = 0):
+               alpha: float = 0.3, dtype: str = "bfloat16", seed: int = 0,
+               bits: Optional[int] = None):
     """(target, drafter): seeded, deep layers damped by ``alpha``, the drafter
     sharing the target's arrays (no copy) in modules of its own (treespec
     patches attention instances during a verify; the two must not share them)."""
@@ -63,7 +65,12 @@ def build_pair(hidden: int = 2048, layers: int = 16, draft_layers: int = 2,
               if not k.startswith("model.layers.")
               or int(k.split(".")[2]) < draft_layers]
     draft.update(tree_unflatten(shared))
-    mx.eval(draft.parameters())
+    if bits is not None:
+        # mlx_lm.convert's quantization (affine, group 64): every linear and
+        # the embedding; the drafter's shared layers quantize to the same values
+        for m in (target, draft):
+            nn.quantize(m, group_size=64, bits=bits)
+    mx.eval(draft.parameters(), target.parameters())
     return target, draft
 
 

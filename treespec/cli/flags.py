@@ -76,3 +76,17 @@ def parse_dims(text: str) -> Tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--dims wants HIDDENxLAYERS (e.g. 512x8), got {text!r}")
     return hidden, layers
+
+
+VERIFY_MODES = ("flat", "rows")
+
+
+def parse_verify(text: str) -> Tuple[str, ...]:
+    """``flat``, ``rows`` or a comma list of both: the verify modes
+    (treespec.verify.row_invariant), each once, in the order given."""
+    modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    bad = [m for m in modes if m not in VERIFY_MODES]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(
+            f"expected {' or '.join(VERIFY_MODES)} (or a comma list), got {text!r}")
+    return modes

@@ -50,7 +50,7 @@ from ..models import model_type, prefilled, vocab_size
 from ..options import MAX_DRAFT_NODES
 from ..backend.soundness import faults as kernel_faults, holds_scales
 from ..tree import DraftTree
-from ..verify import adapter_for
+from ..verify import ROW_ADAPTER, adapter_for
 
 DRAWS = 3  # one draw is a coin toss when only a few bytes move
 CONTEXT = 24
@@ -370,7 +370,8 @@ def probe(model, shapes: Sequence[Sequence[int]], draws: int = DRAWS, seed: int 
     keyed = {**config, "draws": draws, "seed": seed, "adapter": adapter_name}
     key = _key(keyed, shapes)
     if key not in _MEMO:
-        persist = adapter_name == ADAPTER  # treespec's own adapter: code source_digest covers
+        # treespec's own adapters: code source_digest covers
+        persist = adapter_name in (ADAPTER, ROW_ADAPTER)
         expect = gate_memo.stamp(key, keyed, shapes) if persist else None
         kw = {} if note is None else {"note": note}
         stored = gate_memo.load(expect, **kw) if persist else None

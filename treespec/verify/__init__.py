@@ -4,6 +4,7 @@ that leave the caches untouched."""
 
 from .adapter import Family, TreeAdapter, TreeRefused
 from .for_model import ChainAdapter, adapter_for
+from .row_invariant import ROW_ADAPTER, RowAdapter
 from .attention import injected, tree_injected, tree_mask
 from .strategy import ChainOnly, RecurrentStrategy, register_recurrent
 
@@ -11,7 +12,9 @@ __all__ = [
     "ChainAdapter",
     "ChainOnly",
     "Family",
+    "ROW_ADAPTER",
     "RecurrentStrategy",
+    "RowAdapter",
     "TreeAdapter",
     "TreeRefused",
     "adapter_for",

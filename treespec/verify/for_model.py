@@ -11,6 +11,7 @@ from ..errors import TreeRefused
 from ..models import model_type
 from ..tree import DraftTree
 from .adapter import TreeAdapter, Verified
+from .row_invariant import RowAdapter
 from .strategy import RecurrentStrategy
 from .structure import Structure, cache_refusal, structure
 
@@ -43,20 +44,23 @@ class ChainAdapter(TreeAdapter):
 
 
 def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None,
-                chains: bool = False) -> TreeAdapter:
+                chains: bool = False, rows: bool = False) -> TreeAdapter:
     """The tree-verify adapter for ``model``, or TreeRefused naming the
     family and the specific structural reason (treespec.verify.structure).
     ``recurrent`` overrides the recurrent strategy (see
     treespec.verify.strategy.register_recurrent). ``chains``: only chains
     will be verified (chain drafting), so a model refused for a reason of
     trees alone gets a :class:`ChainAdapter`; one whose caches cannot roll
-    back (a recurrent or unknown cache) is refused still."""
+    back (a recurrent or unknown cache) is refused still. ``rows``: the
+    row-invariant verify (treespec.verify.row_invariant.RowAdapter), chains
+    included; its refusals are its own (never a ChainAdapter)."""
     walks = structure(model)
-    if walks.why and chains and not walks.found.mixers and cache_refusal(model) == (None, False):
+    if walks.why and chains and not rows and not walks.found.mixers and cache_refusal(model) == (None, False):
         return ChainAdapter(model, walks)
     if walks.why:
         raise TreeRefused(model_type(model), walks.why)
-    adapter = TreeAdapter(model, walks.family, recurrent, walks.found, walks)
+    kind = RowAdapter if rows else TreeAdapter
+    adapter = kind(model, walks.family, recurrent, walks.found, walks)
     adapter.check_model()
     adapter.vocab()  # read off a forward here, once, not inside a round's verify
     return adapter

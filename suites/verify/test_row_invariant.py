@@ -1,0 +1,148 @@
+"""The row-invariant verify (treespec.verify.row_invariant, ``--verify rows``):
+every node's logits row equals, bit for bit, classic decoding's one-token
+steps along its root path, wherever the census measures this backend's
+batch rows and product rows invariant up to the tree's width. Nothing is
+assumed about the backend: the width is the census's
+(treespec.backend.census.row_width) of the model's own shapes, measured in
+this run, and a tree past it is reported, not asserted.
+
+Each check is shown to separate: two planted defects of the per-depth key
+gather (a sibling's key instead of an ancestor's; the right keys in another
+order, which only moves the summation order) must break the bit identity on
+every backend, in the same run."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import QuantizedKVCache
+
+from suites.verify import helpers
+from treespec.backend.census import census, row_width
+from treespec.evidence.controls import clone
+from treespec.tree import DraftTree
+from treespec.zoo import cpu_limitation
+from treespec.verify import ROW_ADAPTER, RowAdapter, adapter_for
+from treespec.checkpoints import load_default_pair
+from treespec.decoding import decode
+from treespec.verify.depth_steps import depth_groups
+
+pytestmark = pytest.mark.exactness
+
+FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next")
+TREES = {
+    "chain of 2": [-1, 0],
+    "chain of 5": [-1, 0, 1, 2, 3],
+    "branching 7": [-1, 0, 0, 1, 1, 2, 4],
+    "branching 12": [-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 5, 8],
+}
+
+
+def _width(model) -> int:
+    width, _ = row_width(census(model))
+    return width or 0
+
+
+def _step_along(model, cache, path) -> mx.array:
+    for token in path:  # mlx-lm's generate_step: one token per forward
+        logits = model(mx.array([[token]]), cache=cache)
+    return logits[0, -1]
+
+
+def _steps(model, before, tree) -> mx.array:
+    """Classic decoding's logits at every node: one-token steps along its root
+    path, each from its own copy of the cache state before the tree."""
+    return mx.stack([_step_along(model, clone(before), [tree.tokens[j] for j in tree.path_to(i)])
+                     for i in range(len(tree))])
+
+
+def _bits_equal(a: mx.array, b: mx.array) -> bool:
+    return a.shape == b.shape and mx.array_equal(a, b).item()
+
+
+@pytest.mark.parametrize("shape", TREES, ids=list(TREES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_node_row_is_classic_decodings_one_token_step(family, dtype, shape):
+    why = cpu_limitation(family, dtype, None) if mx.default_device() == mx.cpu else None
+    if why:
+        pytest.skip(why)
+    model = helpers.model(family, dtype)
+    tree = DraftTree(helpers.tokens(len(TREES[shape]), 3), TREES[shape])
+    width = _width(model)
+    if len(tree) > width:
+        pytest.skip(f"the census keeps rows of {family} {dtype} invariant up to {width} nodes "
+                    f"on this backend; a tree of {len(tree)} is past it")
+    before = helpers.history(9).replay(model)
+    got = adapter_for(model, rows=True).verify(tree, clone(before))
+    want = _steps(model, before, tree)
+    assert _bits_equal(got, want), helpers.max_abs_diff(got, want)
+
+
+class _Planted(RowAdapter):
+    """A row-invariant verify with a defect in how each node's keys are laid out."""
+
+    def __init__(self, model, defect):
+        base = adapter_for(model, rows=True)
+        super().__init__(model, base.family, base.recurrent, base.found)
+        self.defect = defect
+
+    def depth_groups(self, tree):
+        return [(nodes, self.defect(tree, paths)) for nodes, paths in super().depth_groups(tree)]
+
+
+def _sibling(tree, paths):
+    # depth >= 2: the parent's key swapped for the parent's sibling's (node 2 is node 1's)
+    out = paths.copy()
+    if out.shape[1] >= 3:
+        out[:, -2] = np.where(out[:, -2] == 1, 2, 1)
+    return out
+
+
+def _reordered(tree, paths):
+    # the same keys, the root path reversed: only the summation order moves
+    return paths[:, ::-1].copy()
+
+
+@pytest.mark.parametrize("defect", [_sibling, _reordered], ids=["sibling key", "reordered keys"])
+def test_a_planted_key_defect_breaks_the_identity(defect):
+    model = helpers.model("llama", "float32")
+    tree = DraftTree(helpers.tokens(7, 3), TREES["branching 7"])
+    before = helpers.history(9).replay(model)
+    got = _Planted(model, defect).verify(tree, clone(before))
+    assert not _bits_equal(got, _steps(model, before, tree))
+
+
+def test_depth_groups_hold_each_nodes_root_path_in_depth_order():
+    tree = DraftTree(list(range(12)), TREES["branching 12"])
+    groups = depth_groups(tree.depths(), tree.ancestry())
+    assert [list(n) for n, _ in groups] == [[0], [1, 2, 3], [4, 5, 6, 7], [8, 9, 10], [11]]
+    for nodes, paths in groups:
+        for node, path in zip(nodes, paths):
+            assert list(path) == tree.path_to(int(node))
+
+
+@pytest.mark.parametrize("family,kv_bits,words", [
+    ("gemma3_text", None, ["RotatingKVCache", "plain KVCache"]),  # its sliding-window layers
+    ("qwen3", 8, ["QuantizedKVCache", "plain KVCache"]),          # --kv-bits
+])
+def test_caches_it_cannot_gather_from_are_refused_before_anything_is_written(family, kv_bits,
+                                                                               words):
+    model = helpers.model(family, "float32")
+    cache = helpers.history(5, kv_bits=kv_bits).replay(model)
+    tree = DraftTree(helpers.tokens(3, 1), [-1, 0, 0])
+    helpers.assert_refused_untouched(adapter_for(model, rows=True), tree, cache, *words)
+
+
+def test_decoding_through_it_is_gated_exact_and_classic_text():
+    # the gate measures this verify itself (named apart: a memo of the flat verify
+    # does not answer for it), and runs the tree where the census says rows hold
+    target, draft, tok = load_default_pair()
+    prompt = tok.encode("def add(a, b):\n    return")
+    want = decode(target, prompt, max_tokens=24).tokens
+    got = decode(target, prompt, mode="tree", draft_model=draft, max_tokens=24, budget=4,
+                 adapter=adapter_for(target, rows=True), adapter_name=ROW_ADAPTER)
+    assert got.tokens == want
+    width = _width(target)
+    if width < 5:
+        pytest.skip(f"the census keeps the pair's rows only up to {width} nodes here")
+    assert got.stats.gate["exact"] and got.stats.mode == "tree", got.stats.gate

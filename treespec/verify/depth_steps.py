@@ -1,0 +1,243 @@
+"""Attention verified depth by depth: every node's query over exactly the keys
+a one-token step at that node attends to. The attention half of the
+row-invariant verify (docs/verify.md#the-row-invariant-verify).
+
+A tree verify normally runs attention as one call over the flattened tree,
+every node's query over all keys with the non-ancestors masked. On a backend
+whose attention kernel picks its tiling by the number of queries or keys
+(a GPU, a BLAS), a node's row then differs from the row classic decoding
+computes: one query over the history and its own root path, no mask. Here each
+attention module runs twice per verify, through its own code:
+
+1. **wide**: once over all T nodes, the nodes on the batch axis (x is
+   (T, 1, D)), each node's positions handed to its rope as one offset per
+   batch row. Its projections (every linear child of the attention) run once
+   over the T rows and their outputs are kept; its cache update writes the T
+   nodes' keys and values into the real cache, in flattened order, as every
+   verify does. Its attention output is never used, so MLX never computes it.
+2. **by depth**: once per depth d, the nodes of that depth on the batch axis.
+   The projections hand back their kept rows (no weight is read again), the
+   rope rotates each row at its node's position, and the cache hands every
+   row the history's keys followed by its root path's (its ancestors', in
+   depth order, then its own): ``offset + d + 1`` keys, contiguous, no mask,
+   the key count, order and values of a one-token step at that node. The
+   output projection is held back (it hands back its input).
+
+The T attention outputs are put back in node order and the output projection
+runs once over them. What a node's row then equals a one-token step's rests
+on the backend giving a row of a batched call the bits it has alone (the
+census's ``batch`` rows for the projections, attention and rope), measured,
+never assumed: the gate probes this verify like any other.
+
+The attention module must return its output projection's result as is (the
+wide pass checks it, and refuses otherwise) and call each linear child once.
+"""
+
+import inspect
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..errors import TreeRefused
+from ..mixers import set_slot, slots
+from ..standin import StandIn
+
+__all__ = ["DepthSteps", "Layout", "Projection", "depth_groups", "projections"]
+
+_LINEARS = (nn.Linear, nn.QuantizedLinear)
+
+
+def projections(attention: nn.Module) -> List[Tuple[str, object, object, nn.Module]]:
+    """``(path, container, key, module)`` of every linear child of
+    ``attention`` (dense or quantized), in module order."""
+    return [s for s in slots(attention) if isinstance(s[3], _LINEARS)
+            or (hasattr(s[3], "bits") and "scales" in s[3] and "weight" in s[3])]
+
+
+def depth_groups(tree_depths: np.ndarray, ancestry: np.ndarray) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """Per depth d of a tree (node depths ``tree_depths``; ``ancestry[i, j]``:
+    node j is node i or one of its ancestors), ``(nodes, paths)``: the nodes
+    of depth d in flattened order, and for each its root path (d + 1 node
+    indices, depth order, the node itself last). Pure index work."""
+    out = []
+    for d in range(int(tree_depths.max()) + 1 if len(tree_depths) else 0):
+        nodes = np.flatnonzero(tree_depths == d)
+        paths = np.stack([np.flatnonzero(ancestry[i]) for i in nodes])
+        # ancestors precede their descendants in a tree's flattened order, so
+        # the ascending indices of a root path are in depth order
+        out.append((nodes, paths))
+    return out
+
+
+class Projection(StandIn):
+    """Stands in for one linear child of an attention during one verify
+    forward. ``keep``: compute and keep the output; ``rows``: hand back the
+    kept output's rows of the current depth; ``hold``: hand back the input
+    (the output projection, run once afterwards)."""
+
+    def __init__(self, linear: nn.Module):
+        super().__init__()
+        self.inner = linear
+        object.__setattr__(self, "mode", "keep")
+        object.__setattr__(self, "kept", None)
+        object.__setattr__(self, "rows", None)
+
+    def __call__(self, x):
+        if self.mode == "keep":
+            if self.kept is not None:
+                raise TreeRefused(None, "the row-invariant verify needs each linear of an "
+                                  "attention called once per forward; one is called twice")
+            object.__setattr__(self, "kept", self.inner(x))
+            return self.kept
+        if self.mode == "rows":
+            return _pick(self.kept, self.rows)
+        return x
+
+
+def _rows_of(nodes: np.ndarray):
+    """A slice where ``nodes`` are consecutive (a view, no gather), else an index array."""
+    if len(nodes) and nodes[-1] - nodes[0] + 1 == len(nodes):
+        return slice(int(nodes[0]), int(nodes[-1]) + 1)
+    return mx.array(nodes, dtype=mx.uint32)
+
+
+def _pick(x: mx.array, rows) -> mx.array:
+    return x[rows] if isinstance(rows, slice) else mx.take(x, rows, axis=0)
+
+
+class _Group:
+    """One depth of a tree at one history length, for every layer of one
+    forward: its batch rows, the nodes' positions, and where each node's
+    keys are (a view of the first ``view`` cache rows for a lone node on the
+    flattened tree's first nodes, else ``path``: the cache rows of its root
+    path, gathered after the broadcast history)."""
+
+    def __init__(self, nodes: np.ndarray, paths: np.ndarray, depth: int, history: int):
+        n, length = paths.shape
+        self.rows = _rows_of(nodes)
+        self.positions = mx.full((n,), history + depth, dtype=mx.int32)
+        self.view = (history + length if n == 1 and (paths[0] == np.arange(length)).all()
+                     else None)
+        self.path = mx.array((history + paths).reshape(-1), dtype=mx.uint32)
+        self.n, self.length, self.history = n, length, history
+
+
+class Layout:
+    """A tree's depths as every attention of one verify forward runs them
+    (:func:`depth_groups`), index arrays made once per history length and
+    shared by the layers."""
+
+    def __init__(self, groups: Sequence[Tuple[np.ndarray, np.ndarray]]):
+        self.groups = list(groups)
+        order = np.concatenate([n for n, _ in groups]) if groups else np.zeros(0, np.int64)
+        self.unsort = (None if (order == np.arange(len(order))).all()
+                       else mx.array(np.argsort(order), dtype=mx.uint32))
+        self._at = {}
+
+    def at(self, history: int) -> List[_Group]:
+        if history not in self._at:
+            self._at[history] = [_Group(n, p, d, history) for d, (n, p) in enumerate(self.groups)]
+        return self._at[history]
+
+
+class _Keys:
+    """The cache a depth's pass sees: ``offset`` the nodes' positions (one
+    per batch row), ``update_and_fetch`` hands every row the history's keys
+    and values and then its root path's, from what the wide pass wrote."""
+
+    def __init__(self, keys: mx.array, values: mx.array, group: _Group):
+        self.offset = group.positions
+        self._group, self._keys, self._values = group, keys, values
+
+    def _fetch(self, v: mx.array) -> mx.array:
+        g = self._group
+        if g.view is not None:
+            return v[:, :, :g.view, :]
+        # (1, H, L, d) -> (n, H, history + depth + 1, d)
+        H, d = v.shape[1], v.shape[3]
+        path = mx.take(v[0], g.path, axis=1).reshape(H, g.n, g.length, d).transpose(1, 0, 2, 3)
+        history = mx.broadcast_to(v[:, :, :g.history, :], (g.n, H, g.history, d))
+        return mx.concatenate([history, path], axis=2)
+
+    def update_and_fetch(self, keys, values):
+        return self._fetch(self._keys), self._fetch(self._values)
+
+
+class _Wide:
+    """The cache the wide pass sees: positions per batch row; the T rows it
+    is handed (node t on batch row t) go into the real cache as one update of
+    T tokens in flattened order; what the cache then holds is kept."""
+
+    def __init__(self, inner, positions: mx.array):
+        self.inner, self.offset = inner, positions
+        self.fetched = None
+
+    def update_and_fetch(self, keys, values):
+        self.fetched = self.inner.update_and_fetch(keys.swapaxes(0, 2), values.swapaxes(0, 2))
+        return keys, values  # its attention output is never read
+
+
+class DepthSteps(StandIn):
+    """Stands in for one attention module during one verify forward (module
+    docstring). ``layout``: the tree's :class:`Layout`, shared by the forward's
+    attentions; ``depths`` (T,) int32 node depths. In any thread but the
+    verifying one it is the attention it stands in for."""
+
+    def __init__(self, attention: nn.Module, depths: mx.array, layout: Layout,
+                 linears: Sequence[Projection]):
+        super().__init__()
+        self.inner = attention
+        self._depths = depths
+        object.__setattr__(self, "_layout", layout)
+        object.__setattr__(self, "_linears", list(linears))
+        object.__setattr__(self, "_signature", inspect.signature(attention.__call__))
+        self._calls = 0
+        self._thread = threading.get_ident()
+
+    def __call__(self, *args, **kwargs):
+        if threading.get_ident() != self._thread:
+            return self.inner(*args, **kwargs)
+        bound = self._signature.bind(*args, **kwargs)
+        given = bound.arguments
+        first = next(iter(given))
+        x, cache = given[first], given.get("cache")
+        B, T, D = x.shape
+        if B != 1 or T != self._depths.size:
+            raise RuntimeError(
+                f"row-invariant attention got {B} x {T} tokens for a tree of "
+                f"{self._depths.size} nodes: this model calls its attention on something "
+                "other than the verify tokens")
+        self._calls += 1
+        history = cache.offset
+        rows = x.reshape(T, 1, D)
+        for p in self._linears:
+            object.__setattr__(p, "mode", "keep")
+            object.__setattr__(p, "kept", None)
+        wide = _Wide(cache, history + self._depths)
+        given[first], given["mask"], given["cache"] = rows, None, wide
+        out = self.inner(*bound.args, **bound.kwargs)
+        last = [p for p in self._linears if p.kept is out]
+        if len(last) != 1 or wide.fetched is None:
+            raise TreeRefused(None, f"{type(self.inner).__name__} does not return its output "
+                              "projection's result as is (or writes no cache): the "
+                              "row-invariant verify cannot run its attention by depth")
+        for p in self._linears:
+            object.__setattr__(p, "mode", "hold" if p is last[0] else "rows")
+        keys, values = wide.fetched
+        parts = []
+        for group in self._layout.at(history):
+            for p in self._linears:
+                object.__setattr__(p, "rows", group.rows)
+            given[first] = _pick(rows, group.rows)
+            given["cache"] = _Keys(keys, values, group)
+            parts.append(self.inner(*bound.args, **bound.kwargs))
+        attended = mx.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+        if self._layout.unsort is not None:
+            attended = mx.take(attended, self._layout.unsort, axis=0)
+        out = last[0].inner(attended)
+        for p in self._linears:
+            object.__setattr__(p, "kept", None)
+        return out.reshape(1, T, *out.shape[2:])

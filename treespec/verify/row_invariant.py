@@ -1,0 +1,119 @@
+"""The row-invariant verify: a tree (or chain) verified in one forward in
+which every piece hands each node's row what a one-token step at that node
+computes, where the backend keeps rows of a batched call invariant.
+
+:class:`RowAdapter` is a :class:`~treespec.verify.adapter.TreeAdapter` whose
+attentions run depth by depth (treespec.verify.depth_steps: one query per
+node over exactly its history and root path, the projections once over all
+nodes); everything else is the tree path's (per-node RoPE positions, the
+tree-aware recurrence on hybrids, the row-by-row norms and MLP over the T
+nodes). Chains go through it too: mlx-lm's chain verify attends with one
+causal call over the T queries, which is what a backend's attention kernel
+tiles by T.
+
+Whether its rows are then bit-identical to single steps is the backend's
+(a linear's rows at width T, an attention's rows on the batch axis: the
+census measures both, treespec.backend.census), and the gate measures the
+verify itself: nothing here is declared exact. Refused, before anything is
+written, with the reason: caches other than mlx-lm's plain ``KVCache`` (the
+keys are gathered per node from the cache's buffer), latent attentions and
+per-position values (their own per-node paths), a tree fed in parts.
+"""
+
+from contextlib import contextmanager
+from typing import Optional, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from .. import caches
+from ..mixers import set_slot, slots
+from ..tree import DraftTree
+from .adapter import TreeAdapter, Verified
+from .attention import Sites, tree_injected
+from .depth_steps import DepthSteps, Layout, Projection, depth_groups, projections
+
+__all__ = ["ROW_ADAPTER", "RowAdapter"]
+
+# The gate's memo names an adapter; this one's verdicts are its own.
+ROW_ADAPTER = "treespec.verify.row_invariant"
+
+
+class RowAdapter(TreeAdapter):
+    """A tree adapter whose verify is row-invariant (module docstring)."""
+
+    def _checked(self, tree: DraftTree, cache: Sequence, start: int, ropes: bool):
+        if self._one_token:
+            self._refuse("its latent attentions take a one-token path of their own "
+                         "(treespec.verify.per_node); the row-invariant verify does not run them")
+        if self.family.positions:
+            self._refuse("it computes per-position values itself; the row-invariant verify "
+                         "runs attention by depth and cannot re-index them")
+        if start:
+            self._refuse(f"a tree fed in parts (start={start}): the row-invariant verify "
+                         "takes a tree whole")
+        for _, c in caches.leaves(cache):
+            if not caches.mode_of(c).recurrent and type(c) is not KVCache:
+                self._refuse(f"cache {type(c).__name__}: the row-invariant verify gathers each "
+                             "node's keys from a plain KVCache's buffer (no quantized, rotating "
+                             "or chunked cache)")
+        return super()._checked(tree, cache, start, ropes)
+
+    def verify_handle(self, tree: DraftTree, cache: Sequence, start: int = 0,
+                      tokens: Optional[mx.array] = None,
+                      inject: Optional[bool] = None) -> Verified:
+        # A chain too: mlx-lm's chain verify is one causal attention call.
+        return super().verify_handle(tree, cache, start, tokens,
+                                     inject=isinstance(tree, DraftTree) and len(tree) > 1)
+
+    def depth_groups(self, tree: DraftTree) -> list:
+        """Per depth, (nodes, their root paths): treespec.verify.depth_steps.
+        depth_groups of the tree (the seam the suites plant key defects in)."""
+        return tree.derived("depth_groups", lambda: depth_groups(tree.depths(), tree.ancestry()))
+
+    def injection(self, cache: Sequence, tree: DraftTree, owners: list, start: int,
+                  plans: Optional[dict] = None, ropes: bool = True):
+        return _by_depth(self.model, cache, tree, owners, self.family.rope_attr, self.rope_pool,
+                         self.depth_groups(tree))
+
+
+@contextmanager
+def _by_depth(model, cache, tree: DraftTree, owners: list, rope_attr: str, rope_pool: dict,
+              groups: list):
+    """Every rope owner's attention a :class:`DepthSteps` for one forward
+    (its linears :class:`Projection` stand-ins), the tree's masks on the
+    caches as every verify has them; restored in a ``finally``. Yields the
+    probe of :func:`tree_injected`, which also raises when an attention was
+    never reached."""
+    depths = tree.derived(("depths", 0), lambda: mx.array(tree.depths(), dtype=mx.int32))
+    layout = Layout(groups)
+    wanted = {id(owner) for _, owner in owners}
+    put = []  # (container, key, module): restored in reverse
+    steps = []
+    try:
+        for _, container, key, module in slots(model):
+            if id(module) not in wanted:
+                continue
+            linears = []
+            for _, c, k, linear in projections(module):
+                p = Projection(linear)
+                set_slot(c, k, p)
+                put.append((c, k, linear))
+                linears.append(p)
+            stand_in = DepthSteps(module, depths, layout, linears)
+            set_slot(container, key, stand_in)
+            put.append((container, key, module))
+            steps.append(stand_in)
+        sites = Sites(rope_attr, [], [], (), rope_pool)
+        with tree_injected(model, cache, tree, sites) as probe:
+            def checked():
+                probe()
+                missed = len([s for s in steps if s._calls == 0])
+                if missed:
+                    raise RuntimeError(f"row-invariant verify bypassed: {missed} attention(s) "
+                                       "never called")
+
+            yield checked
+    finally:
+        for container, key, module in reversed(put):
+            set_slot(container, key, module)
