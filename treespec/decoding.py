@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 from . import caches, kv_options as kv_caches
 from .backend.cuda import warn_if_cudnn_attention
 from .draft import Drafter, make_drafter
+from .draft.head import HeadDrafter, head_refusal
 from .errors import OptionError
 from .evidence.gate import ADAPTER
 from .models import PositionWarning, position_check
@@ -38,7 +39,8 @@ def check(options: DecodeOptions, target, draft_model, prompt_len: int, spell=No
         raise OptionError(error)
     if warning is not None:
         warnings.warn(warning, PositionWarning, stacklevel=3)
-    models = [target] + ([draft_model] if options.mode != "classic" else [])
+    models = [target] + ([draft_model] if options.mode != "classic" and draft_model is not None
+                         else [])
     why = kv_caches.refusal(options.kv, models, prompt_len, options.max_tokens,
                             options.draft_nodes(), **kw)
     if why is None and options.batch_levels and draft_model is not None:
@@ -69,7 +71,8 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
            adapter_name: str = ADAPTER, draft_adapter=None,
            walk=None, on_round=None, max_kv_size: Optional[int] = None,
            kv_bits: Optional[int] = None, kv_group_size: Optional[int] = None,
-           quantized_kv_start: Optional[int] = None, batch_levels: bool = False) -> Result:
+           quantized_kv_start: Optional[int] = None, batch_levels: bool = False,
+           draft_head=None) -> Result:
     """One entry point for every mode. ``tree`` is never chosen implicitly.
     ``temperature > 0`` samples, exactly in law (treespec.sampling).
 
@@ -87,12 +90,18 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
     draft model (default ``treespec.verify.adapter_for``; the gate measures
     the target's, named ``adapter_name``); ``walk(tree, target_tokens)``: the
     greedy accept walk (default ``treespec.walk.tree_walk``); ``on_round``:
-    called with every round and its walk (treespec.rounds.Loop)."""
+    called with every round and its walk (treespec.rounds.Loop).
+
+    ``draft_head``: a hidden-state head (treespec.heads.base) drafts instead
+    of a draft model, fed the target's own hidden states
+    (treespec.draft.head): ``mode="chain"`` with ``block``, ``"tree"`` with a
+    fixed shape, or EAGLE-2's dynamic tree with ``budget`` and ``width``."""
     options = DecodeOptions(
         mode=mode, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         min_p=min_p, seed=seed, block=block, branching=branching, parents=parents,
         budget=budget, width=width, draft_model=draft_model is not None,
-        drafter=drafter is not None, allow_inexact=allow_inexact,
+        drafter=drafter is not None, draft_head=draft_head is not None,
+        allow_inexact=allow_inexact,
         kv=KVOptions(max_kv_size, kv_bits, kv_group_size, quantized_kv_start),
         batch_levels=batch_levels)
     check(options, target, draft_model, len(prompt))
@@ -103,6 +112,8 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
     loop = Loop(eos_token_ids=eos_token_ids, gate=gate, adapter=adapter,
                 adapter_name=adapter_name, draft_adapter=draft_adapter, on_round=on_round,
                 walker=greedy(walk) if walk is not None else None)
+    if drafter is not None and drafter.reads_hidden and draft_head is None:
+        raise OptionError("drafter: a HeadDrafter drafts from a head; give it as draft_head")
     if options.sampled:
         if walk is not None:
             raise OptionError("walk= is the greedy accept walk; at temperature > 0 the "
@@ -110,6 +121,17 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
         return decode_sampled(target, prompt, draft_model, options, loop, drafter=drafter)
     if mode == "classic":
         return classic(target, prompt, max_tokens, eos_token_ids, kv=options.kv)
+    if draft_head is not None:
+        why = head_refusal(draft_head, target)
+        if why is not None:
+            raise OptionError(f"draft_head: {why}")
+        if drafter is None:
+            drafter = HeadDrafter(draft_head, mode, block=block, branching=branching,
+                                  parents=parents, budget=budget, width=width)
+        elif not drafter.reads_hidden or drafter.head is not draft_head:
+            raise OptionError("draft_head: the drafter given drafts from another model or "
+                              "head; give a HeadDrafter of this head, or no drafter")
+        draft_model = draft_head
     if drafter is None:
         drafter = make_drafter(mode, block=options.resolved_block, branching=branching,
                                parents=parents, budget=budget, width=options.resolved_width,

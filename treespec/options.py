@@ -216,6 +216,7 @@ class DecodeOptions:
     width: Optional[int] = None
     draft_model: bool = False  # a draft model was given
     drafter: bool = False  # a ready drafter was given
+    draft_head: bool = False  # a hidden-state head drafts (treespec.draft.head)
     allow_inexact: bool = False
     kv: KVOptions = KVOptions()
     batch_levels: bool = False  # a fixed tree's wide levels drafted as batch rows
@@ -301,12 +302,18 @@ class DecodeOptions:
             for n in self._given(shape):
                 raise OptionError(f"{spell(n, getattr(self, n))} acts only in chain or tree "
                                   f"decoding; {spell.mode('classic')} drafts nothing")
-            for n in ("draft_model", "drafter", "allow_inexact"):
+            for n in ("draft_model", "draft_head", "drafter", "allow_inexact"):
                 if getattr(self, n):
                     raise OptionError(f"{spell(n, True)} acts only in chain or tree decoding; "
                                       f"{spell.mode('classic')} drafts nothing")
             return
-        if not self.draft_model:
+        if self.draft_model and self.draft_head:
+            raise OptionError(f"{spell('draft_model', True)} and {spell('draft_head', True)}: "
+                              "give one drafter, a draft model or a hidden-state head")
+        if self.draft_head and self.sampled:
+            raise OptionError(f"{spell('draft_head', True)} drafts greedily; at "
+                              f"{spell('temperature', self.temperature)} give a draft model")
+        if not self.draft_model and not self.draft_head:
             raise OptionError(f"{spell.mode(mode)} needs a draft model ({spell('draft_model')})")
         if self.drafter:
             for n in self._given(shape):
@@ -355,6 +362,9 @@ class DecodeOptions:
         if self.drafter:
             raise OptionError(f"{flag} with {spell('drafter')}: the drafter carries its own "
                               "(FixedTreeDrafter(..., batch_levels=True))")
+        if self.draft_head:
+            raise OptionError(f"{flag} with {spell('draft_head', True)}: a head drafts every "
+                              "wide level as batch rows of its own cache already")
         if not self.fixed:
             raise OptionError(f"{acts}; the confidence tree feeds its levels through the tree "
                               "injection (as batch rows it would copy the draft caches at "

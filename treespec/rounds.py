@@ -162,7 +162,8 @@ def speculative(target, draft_model, prompt: Sequence[int], drafter: Drafter,
     rounds are cut to end where classic decoding starts to quantize).
     ``loop``: how to run it (:class:`Loop`)."""
     prompt = prompt_ids(target, prompt)
-    same_vocabulary(target, draft_model)
+    if not drafter.reads_hidden:  # a head's vocabulary: treespec.draft.head.head_refusal
+        same_vocabulary(target, draft_model)
     max_tokens, kv = options.max_tokens, options.kv
     # Resolved once: _rounds reads a loop whose adapter and walker are set.
     adapter = (loop.adapter if loop.adapter is not None
@@ -205,7 +206,8 @@ def _rounds(target, draft_model, prompt, drafter: Drafter, options: DecodeOption
     t0 = clock()
     cache = kv_caches.make_cache(target, kv)
     quantize = kv_caches.quantizer(kv)
-    prefill(target, cache, prompt[:-1], PREFILL_STEP, after=quantize)
+    with drafter.watching(target):  # a head drafter takes the prompt's hidden states
+        prefill(target, cache, prompt[:-1], PREFILL_STEP, after=quantize)
     drafter.start(draft_model, prompt[:-1], PREFILL_STEP, adapter=loop.draft_adapter, kv=kv)
     stats.time_ms["prefill"] = (clock() - t0) * 1e3
     root = prompt[-1]
@@ -220,7 +222,8 @@ def _rounds(target, draft_model, prompt, drafter: Drafter, options: DecodeOption
         # drafting and verifying are one graph and one evaluation, as in
         # mlx-lm's round. So for such rounds 'draft' is building the graphs
         # and 'verify' evaluating both.
-        read = readout(adapter.verify(rnd.topology, cache, tokens=rnd.device_tokens))
+        with drafter.watching(target):  # and every node's, at no extra forward
+            read = readout(adapter.verify(rnd.topology, cache, tokens=rnd.device_tokens))
         t1 = clock()
         mx.eval(read)
         t2 = clock()

@@ -17,7 +17,7 @@ recurrent) is put back to the round's start and fed the accepted tokens in
 one forward, one small draft forward per round.
 """
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import List, Optional, Protocol, Sequence
 
@@ -171,6 +171,9 @@ class Drafter:
     (``_grow``) or draft a whole round themselves (``draft``)."""
 
     kind = "base"
+    # Whether it drafts from the target's hidden states (treespec.draft.head):
+    # then its model is a head, not a model of the target's vocabulary.
+    reads_hidden = False
 
     def __init__(self):
         self.model = None
@@ -338,6 +341,12 @@ class Drafter:
             caches.mode_of(c).trim(c, rnd.offset + kept)
         self.pending = [tokens[n] for n in path[kept:]]
         self._quantize(self.cache)  # where mlx-lm's draft steps quantize, between rounds
+
+    def watching(self, target):
+        """The context the round loop runs the target's prefill and every
+        verify in: nothing for a draft model; a head drafter records the
+        target's hidden states there (treespec.draft.head)."""
+        return nullcontext()
 
     def describe(self) -> dict:
         return {"kind": self.kind}

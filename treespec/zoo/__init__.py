@@ -39,6 +39,9 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
 
+from ..heads.eagle3 import Eagle3Head
+from ..heads.mtp import MTPHead
+from . import heads as head_layouts
 from .configs import CONFIGS, DRAFT_NOISE, EMBED_STD, FAMILIES, FINAL_NORM_GAIN, _DROPPED, config
 from .tokenizer import (
     BOS,
@@ -59,6 +62,7 @@ VERSION = 1
 __all__ = ["BITS", "QUANT_BITS", "BOS", "CONFIGS", "DTYPES", "EOS", "FAMILIES", "GROUP_SIZE", "PAD",
            "SPECIAL_TOKENS", "VERSION", "VOCAB_SIZE", "Card", "build", "card", "checkpoint",
            "config", "cpu_limitation", "default_root", "drafter", "drafter_checkpoint", "save",
+           "HEADS_VERSION", "MTP_FAMILIES", "EAGLE3_LAYER_IDS", "mtp_checkpoint", "eagle3_checkpoint",
            "save_tokenizer", "token_id", "tokenizer", "tokenizer_json"]
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -298,7 +302,7 @@ def default_root() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "treespec" / "zoo"
 
 
-def _cached(name: str, make, root) -> Path:
+def _cached(name: str, make, root, write=None) -> Path:
     root = Path(root) if root is not None else default_root()
     final = root / name
     if (final / "config.json").exists():
@@ -308,7 +312,7 @@ def _cached(name: str, make, root) -> Path:
     # pytest-xdist worker) sees either nothing or a complete checkpoint.
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
-        save(make(), tmp)
+        (write or save)(make(), tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -357,3 +361,69 @@ def drafter_checkpoint(
     return _cached(
         name, lambda: drafter(family, dtype, bits, seed, noise, noise_seed), root
     )
+
+
+# ---------------------------------------------------------------------------
+# Hidden-state heads (their layouts: treespec.zoo.heads). The target's
+# weights are build()'s; the heads' are drawn by the same init rules from
+# their own streams, so adding a head never moves a target weight.
+# ---------------------------------------------------------------------------
+
+# Bump when the heads' seeding or files change (their checkpoints are keyed by it).
+HEADS_VERSION = 1
+MTP_FAMILIES = ("qwen3_5", "qwen3_next")
+# Hidden-state indices (1 = the output of layer 0) the zoo llama's head reads.
+EAGLE3_LAYER_IDS = (1, 1, 2)
+
+
+def _seeded(module: nn.Module, c: Card, stream: str) -> dict:
+    # Floating parameters only (an EAGLE-3 head's d2t is written apart).
+    target = getattr(mx, c.dtype)
+    return {
+        path: mx.array(_init_value(c.family, c.seed, stream + path, np.array(v))).astype(target)
+        for path, v in tree_flatten(module.parameters())
+        if mx.issubdtype(v.dtype, mx.floating)
+    }
+
+
+def _write_mtp(model: nn.Module, path: Path) -> None:
+    c = card(model)
+    save(model, path)
+    mtp = {"mtp." + k: v for k, v in _seeded(MTPHead.build(model), c, "mtp.").items()}
+    if c.family == "qwen3_5":
+        head_layouts.write_mtp_shard(path, mtp)
+    else:
+        weights = dict(tree_flatten(model.parameters()))
+        head_layouts.write_pytorch_checkpoint(path, head_layouts.pytorch_layout({**weights, **mtp}))
+
+
+def mtp_checkpoint(family: str, dtype: str = "float32", seed: int = 0,
+                   root: Union[str, Path, None] = None) -> Path:
+    """A checkpoint of ``build(family, dtype, seed=seed)`` (qwen3_5 or
+    qwen3_next) that also carries a seeded MTP module in the Qwen layout
+    (``mtp.*``, see treespec.zoo.heads): ``mlx_lm.load`` opens it to the same
+    model, and ``--draft-head mtp`` reads the module."""
+    if family not in MTP_FAMILIES:
+        raise ValueError(f"zoo MTP checkpoints exist for {MTP_FAMILIES}, not {family!r}")
+    name = _name(family, dtype, None, seed) + f"-mtp-h{HEADS_VERSION}"
+    return _cached(name, lambda: build(family, dtype, None, seed), root, write=_write_mtp)
+
+
+def _write_eagle3(model: nn.Module, path: Path) -> None:
+    c = card(model)
+    vocab = c.config["vocab_size"]
+    draft_ids = head_layouts.draft_vocabulary(vocab)
+    config = head_layouts.eagle3_config(c.config, EAGLE3_LAYER_IDS, draft_ids.shape[0])
+    weights = _seeded(Eagle3Head.build(config, model), c, "eagle3.")
+    head_layouts.write_eagle3(path, config, weights, draft_ids, vocab)
+
+
+def eagle3_checkpoint(family: str = "llama", dtype: str = "float32", seed: int = 0,
+                      root: Union[str, Path, None] = None) -> Path:
+    """A seeded EAGLE-3 head directory (speculators format) for the target
+    ``checkpoint(family, dtype, seed=seed)``: reduced draft vocabulary with
+    d2t / t2d, layer ids EAGLE3_LAYER_IDS, embeddings shared."""
+    if family != "llama":
+        raise ValueError(f"the zoo's EAGLE-3 head is for llama, not {family!r}")
+    name = _name(family, dtype, None, seed) + f"-eagle3-h{HEADS_VERSION}"
+    return _cached(name, lambda: build(family, dtype, None, seed), root, write=_write_eagle3)

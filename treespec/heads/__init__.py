@@ -1,0 +1,1 @@
+"""Hidden-state drafting heads (MTP, EAGLE-3): the contract in base.py."""
