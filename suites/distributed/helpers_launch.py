@@ -3,6 +3,8 @@
 ports of its own, so launches of parallel pytest workers never meet."""
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +13,10 @@ from pathlib import Path
 from suites.helpers_subprocess import project_env
 
 RANKS = 2
+# A launch that outlives this is taken for ranks out of step (a collective waiting
+# for a peer that will never call it: docs/distributed.md), killed, and failed.
+# The slowest launch here takes about 70 s on 2 cores under a load of 9.
+TIMEOUT_S = 300
 WORKER = Path(__file__).with_name("helpers_worker.py")
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 
@@ -37,8 +43,19 @@ def launch(args, tmp_path: Path, env=None) -> subprocess.CompletedProcess:
     cmd = [str(LAUNCH), "-n", str(RANKS), "--backend", "ring", "--starting-port",
            str(free_port()), "--python", sys.executable, *map(str, args)]
     full_env = project_env(**(env or {}))
-    return subprocess.run(cmd, capture_output=True, text=True, env=full_env,
-                          cwd=Path(__file__).resolve().parents[2])
+    # Its own process group, which the ranks mlx.launch starts join: on a
+    # timeout every one of them is killed, none left waiting on the ring.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=full_env, cwd=Path(__file__).resolve().parents[2],
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"mlx.launch of {args} ran past {TIMEOUT_S} s (ranks out of "
+                             f"step?), killed:\n{out[-2000:]}{err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def run_worker(spec: dict, tmp_path: Path) -> list:

@@ -6,7 +6,7 @@ of the same sharded model, the next steps after a commit beside a cache that
 only ever saw the accepted path, and the texts of classic, chain and tree
 decoding (rank check on). It compares nothing itself: the tests do.
 
-SPEC: family, dtype, how ("tensor" | "none"), checks (subset of
+SPEC: family, dtype, how ("tensor" | "pipeline" | "none"), checks (subset of
 verify, rollback, text, unsharded), memo ({rank: dir}: each rank's gate memo),
 max_tokens, modes (of chain, fixed, confidence), prompts (how many), plain_gate
 (decode with the library's default gate name, as a run that did not say it is
@@ -42,7 +42,7 @@ PARENTS = (-1, 0, 0, 1, 1, 2, 3)
 def model():
     target = zoo.build(SPEC["family"], SPEC.get("dtype", "float32"))
     if SPEC["how"] != "none":
-        shard.shard(target, mx.distributed.init())
+        shard.shard(target, mx.distributed.init(), SPEC["how"])
     return target
 
 
@@ -87,7 +87,13 @@ def rollback(target, prompt, tree_tokens, mode):
     cache = cache_for(target, mode)
     prefill(target, cache, prompt[:-1])
     adapter = adapter_for(target)
-    adapter.commit(cache, tree, path, verified=adapter.verify_handle(tree, cache))
+    verified = adapter.verify_handle(tree, cache)
+    # As the round loop does (its walk reads them): the verify's logits evaluated
+    # before the commit. Under pipeline sharding they hold the verify's last
+    # collectives; a commit of an unevaluated verify hangs both ranks
+    # (docs/distributed.md#pipeline-a-verify-is-evaluated-before-its-commit).
+    mx.eval(verified.logits)
+    adapter.commit(cache, tree, path, verified=verified)
     got = [step(target, cache, [t]) for t in more]
     ref_cache = cache_for(target, mode)
     prefill(target, ref_cache, prompt[:-1])

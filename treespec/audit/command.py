@@ -1,8 +1,11 @@
 """``treespec audit``'s command (its flags are treespec.cli.main's)."""
 
 import json
+import sys
 
-from ..errors import UsageError
+from ..checkpoints import load_checkpoint
+from ..distributed import flags as sharding_flags, group as dist, shard
+from ..errors import OptionError, UsageError
 from ..cli.process import prepare
 from .records import Options
 from .runner import PROPERTIES, format_report, run
@@ -23,7 +26,32 @@ def cmd_audit(args) -> int:
                       allow_inexact=args.allow_inexact, tolerance=args.tolerance,
                       max_tokens=args.max_tokens, context=args.context,
                       tree_nodes=_tree_nodes(args.tree_nodes))
-    report = run(subject(args.model, args.draft_model, args.adapter, options), props)
+    how = sharding_flags.way(args)
+    if how == sharding_flags.PIPELINE:
+        raise UsageError("--sharded pipeline: the audit evaluates forwards piecewise (caches "
+                         "apart from logits), and a pipelined rank then skips a send or "
+                         "all-gather its peer waits for: the ranks hang "
+                         "(docs/distributed.md); audit with --sharded (tensor)")
+    try:
+        group, _ = dist.start(how and sharding_flags.FLAG, sharding_flags.FLAG, sys.argv[1:],
+                              (args.model, args.draft_model))
+    except OptionError as e:
+        raise UsageError(str(e))
+    s = subject(args.model, args.draft_model, args.adapter, options,
+                load=load_checkpoint if group is None else _sharded_load(group, how))
+    if group is not None and not s.custom:
+        # The gate's verdict measured on every rank, never read from one rank's disk.
+        s.adapter_source = dist.SHARDED_ADAPTER
+    report = run(s, props)
+    if group is not None:
+        try:  # every rank judged every row alike
+            dist.same_result(group, json.dumps([[c.name, c.status, c.verdict]
+                                                for c in report.checks]), "audit verdicts")
+        except dist.RankDivergence as e:
+            raise UsageError(f"{sharding_flags.FLAG}: {e}")
+        report.header["distributed"] = {"ranks": group.size(), "sharding": how}
+        if group.rank() != 0:  # rank 0 prints
+            return 0 if report.ok and not report.unverified() else 1
     if args.json:
         print(json.dumps(report.to_json()))
     else:
@@ -42,3 +70,13 @@ def _tree_nodes(text: str) -> tuple:
         raise UsageError(f"--tree-nodes: node counts must be at least 1, got {text!r}")
     return nodes
 
+
+def _sharded_load(group, how):
+    """The target's loader for a sharded audit: mlx-lm's sharded_load over
+    ``group`` (the drafter, if any, loads whole on every rank)."""
+    def load(path, role):
+        try:
+            return shard.load(path, group, role, how)
+        except OptionError as e:
+            raise UsageError(str(e))
+    return load

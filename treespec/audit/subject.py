@@ -65,12 +65,13 @@ def load_adapter(spec: str) -> Callable:
 
 
 def subject(model_path, draft_path=None, adapter: Optional[str] = None,
-            options: Optional[Options] = None) -> Subject:
-    """Load the checkpoints (mlx_lm.load) and the adapter factory."""
+            options: Optional[Options] = None, load: Callable = load_checkpoint) -> Subject:
+    """Load the checkpoints (mlx_lm.load; the target through ``load(path,
+    "model")``, e.g. sharded across ranks) and the adapter factory."""
     factory, source = adapter_for, "treespec.verify.adapter_for"
     if adapter is not None:  # first: a bad spec fails before any load
         factory, source = load_adapter(adapter), adapter
-    model, tokenizer = load_checkpoint(model_path, "model")
+    model, tokenizer = load(model_path, "model")
     draft = None
     if draft_path is not None:
         draft, draft_tok = load_checkpoint(draft_path, "draft-model")

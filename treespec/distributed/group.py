@@ -46,7 +46,7 @@ def launched() -> bool:
     return LAUNCH_ENV in os.environ
 
 
-def join(flag: str):
+def join(flag: str, command: str = "generate"):
     """The distributed group this process was launched into, or OptionError
     naming ``flag`` where there is none to shard over."""
     if not mx.distributed.is_available():
@@ -55,7 +55,7 @@ def join(flag: str):
     if group.size() < 2:
         raise OptionError(f"{flag}: no distributed group to shard over (this process is alone, "
                           f"a group of size {group.size()}): start every rank with mlx.launch, "
-                          f"e.g. mlx.launch -n 2 --backend ring treespec generate {flag} ...")
+                          f"e.g. mlx.launch -n 2 --backend ring treespec {command} {flag} ...")
     return group
 
 
@@ -113,6 +113,23 @@ def agree(group, mine: np.ndarray, flag: str) -> None:
                           "every rank must run the same command on the same checkpoint")
 
 
+def digest(text: str) -> np.ndarray:
+    """``text`` as 8 int32 (sha256): what the ranks exchange to compare a result."""
+    return np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.int32).copy()
+
+
+def same_result(group, text: str, what: str) -> None:
+    """:class:`RankDivergence` unless every rank's ``text`` (a result's
+    tokens or verdicts, written the same way on each) equals rank 0's: one
+    all-gather of 8 int32 at the end of a command without rounds to check
+    (bench, audit)."""
+    rows = gather(group, digest(text))
+    differ = [r for r in range(1, rows.shape[0]) if not np.array_equal(rows[r], rows[0])]
+    if differ:
+        raise RankDivergence(f"rank(s) {', '.join(map(str, differ))} got other {what} than "
+                             "rank 0: the ranks ran different forwards")
+
+
 def decode_kwargs(check: Optional["RankCheck"] = None) -> dict:
     """``treespec.decoding.decode``'s keyword arguments for a sharded target:
     the gate measured on every rank (:data:`SHARDED_ADAPTER`), and the rank
@@ -154,13 +171,14 @@ def start(flag: Optional[str], flags: str, argv: Sequence[str], paths: Sequence[
           check_ranks: bool = False):
     """A command's distributed set-up: ``flag`` the sharding flag given (None:
     none; ``flags`` names them all for the refusal of a launched process
-    without one), ``argv`` and checkpoint ``paths`` every rank must share.
-    Returns (group or None, RankCheck or None); OptionError naming the flag."""
+    without one), ``argv`` (the command, then its arguments) and checkpoint
+    ``paths`` every rank must share. Returns (group or None, RankCheck or
+    None); OptionError naming the flag."""
     if flag is None:
         why = stray(flags)
         if why is not None:
             raise OptionError(why)
         return None, None
-    group = join(flag)
+    group = join(flag, argv[0] if argv else "generate")
     agree(group, fingerprint(argv, paths), flag)
     return group, RankCheck(group) if check_ranks else None
