@@ -10,7 +10,7 @@ for by name. ``temperature > 0`` samples, exactly in law (treespec.sampling).
 import warnings
 from typing import Optional, Sequence
 
-from . import caches, kv_options as kv_caches
+from . import caches, checks, kv_options as kv_caches
 from .backend.cuda import warn_if_cudnn_attention
 from .draft import Drafter, make_drafter
 from .draft.head import HeadDrafter, head_refusal
@@ -72,7 +72,7 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
            walk=None, on_round=None, max_kv_size: Optional[int] = None,
            kv_bits: Optional[int] = None, kv_group_size: Optional[int] = None,
            quantized_kv_start: Optional[int] = None, batch_levels: bool = False,
-           draft_head=None) -> Result:
+           draft_head=None, max_nodes: Optional[int] = None) -> Result:
     """One entry point for every mode. ``tree`` is never chosen implicitly.
     ``temperature > 0`` samples, exactly in law (treespec.sampling).
 
@@ -95,7 +95,12 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
     ``draft_head``: a hidden-state head (treespec.heads.base) drafts instead
     of a draft model, fed the target's own hidden states
     (treespec.draft.head): ``mode="chain"`` with ``block``, ``"tree"`` with a
-    fixed shape, or EAGLE-2's dynamic tree with ``budget`` and ``width``."""
+    fixed shape, or EAGLE-2's dynamic tree with ``budget`` and ``width``.
+
+    ``max_nodes``: no round verifies more nodes than this (root included),
+    whatever the drafter would draft (greedy chain and tree modes): the width
+    up to which the backend keeps the verify's rows exact, for one
+    (treespec.backend.census.row_width for the row-invariant verify)."""
     options = DecodeOptions(
         mode=mode, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         min_p=min_p, seed=seed, block=block, branching=branching, parents=parents,
@@ -109,7 +114,12 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
         warn_if_cudnn_attention()
     # From here down one options value (what was asked, checked) and one
     # Loop (how to run the rounds) travel, never the keywords one by one.
-    loop = Loop(eos_token_ids=eos_token_ids, gate=gate, adapter=adapter,
+    if max_nodes is not None:
+        checks.integer(max_nodes, "max_nodes", minimum=2)
+        if mode == "classic" or options.sampled:
+            raise OptionError("max_nodes caps a greedy chain or tree round; it does not act "
+                              f"{'in classic mode' if mode == 'classic' else 'at temperature > 0'}")
+    loop = Loop(eos_token_ids=eos_token_ids, gate=gate, adapter=adapter, max_nodes=max_nodes,
                 adapter_name=adapter_name, draft_adapter=draft_adapter, on_round=on_round,
                 walker=greedy(walk) if walk is not None else None)
     if drafter is not None and drafter.reads_hidden and draft_head is None:

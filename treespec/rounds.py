@@ -137,7 +137,8 @@ class Loop:
     accepts (None: the greedy ``tree_walk``); ``fallback()`` is the classic
     decode the gate declines to (None: greedy ``classic``); ``requested``:
     the run's request in its Stats (None: the drafter's ``describe()``);
-    ``on_round(round, walk)`` sees every round after its commit."""
+    ``on_round(round, walk)`` sees every round after its commit; ``max_nodes``
+    caps every round's tree (root included) and the shapes the gate probes."""
 
     eos_token_ids: Optional[Sequence[int]] = None
     gate: bool = True
@@ -149,6 +150,9 @@ class Loop:
     fallback: Optional[Callable[[], Result]] = None
     requested: Optional[dict] = None
     on_round: Optional[Callable[[Round, Walk], None]] = None
+    # The most nodes (root included) one verify may hold: the row-invariant
+    # verify's width on this backend (treespec.backend.census.row_width); None: the drafter's
+    max_nodes: Optional[int] = None
 
 
 def speculative(target, draft_model, prompt: Sequence[int], drafter: Drafter,
@@ -176,7 +180,8 @@ def speculative(target, draft_model, prompt: Sequence[int], drafter: Drafter,
     if loop.gate:
         # A round never verifies more than max_tokens nodes (its drafts are
         # cut to what is left to emit), so larger shapes are not probed.
-        decision, stats.gate = gate_decision(target, drafter.probe_shapes(max_tokens - 1), kv,
+        cap = max_tokens - 1 if loop.max_nodes is None else min(max_tokens, loop.max_nodes) - 1
+        decision, stats.gate = gate_decision(target, drafter.probe_shapes(cap), kv,
                                              len(prompt), max_tokens, options.allow_inexact,
                                              loop.adapter, loop.adapter_name)
         if not decision.exact:
@@ -216,6 +221,8 @@ def _rounds(target, draft_model, prompt, drafter: Drafter, options: DecodeOption
         # Never draft past max_tokens (a round emits at most drafts + 1), nor
         # across the position where classic decoding starts to quantize.
         limit = max_tokens - len(out) - 1
+        if loop.max_nodes is not None:
+            limit = min(limit, loop.max_nodes - 1)
         room = kv_caches.room(kv, caches.offset(cache)) if kv.kv_bits is not None else None
         rnd = drafter.draft(root, limit=limit if room is None else min(limit, room))
         # Built on the lazy drafts of a device round (draft.DeviceRound):

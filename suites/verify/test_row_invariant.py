@@ -17,7 +17,9 @@ import pytest
 from mlx_lm.models.cache import QuantizedKVCache
 
 from suites.verify import helpers
-from treespec.backend.census import census, row_width
+from treespec.backend.census import Row, census, row_width
+from treespec.cli.rows import rows_cap
+from treespec.errors import UsageError
 from treespec.evidence.controls import clone
 from treespec.tree import DraftTree
 from treespec.zoo import cpu_limitation
@@ -146,3 +148,44 @@ def test_decoding_through_it_is_gated_exact_and_classic_text():
     if width < 5:
         pytest.skip(f"the census keeps the pair's rows only up to {width} nodes here")
     assert got.stats.gate["exact"] and got.stats.mode == "tree", got.stats.gate
+
+
+def test_rounds_never_verify_more_nodes_than_max_nodes_and_stay_classic_text():
+    target, draft, tok = load_default_pair()
+    prompt = tok.encode("for i in range(10):\n    ")
+    want = decode(target, prompt, max_tokens=24).tokens
+    sizes = []
+    got = decode(target, prompt, mode="tree", draft_model=draft, max_tokens=24, budget=6,
+                 adapter=adapter_for(target, rows=True), adapter_name=ROW_ADAPTER, max_nodes=3,
+                 on_round=lambda rnd, walk: sizes.append(len(rnd.tree)))
+    assert got.tokens == want
+    assert sizes and max(sizes) == 3  # the budget of 6 would draft 7-node trees
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"mode": "classic"}, "max_nodes caps a greedy chain or tree round; it does not act in classic"),
+    ({"mode": "chain", "temperature": 0.5}, "it does not act at temperature > 0"),
+    ({"mode": "chain", "max_nodes": 1}, "max_nodes must be >= 2"),
+])
+def test_max_nodes_is_refused_where_it_would_not_act(kwargs, error):
+    target, draft, _ = load_default_pair()
+    kwargs = {"max_nodes": 3, **kwargs}
+    with pytest.raises(ValueError, match=error):
+        decode(target, [1, 2, 3], draft_model=None if kwargs["mode"] == "classic" else draft,
+               max_tokens=4, **kwargs)
+
+
+def _census_of(first_differs):
+    return lambda model, widths: [Row("matmul", "float32", "64->64", tuple(widths), first_differs,
+                                      0.0 if first_differs is None else 1e-6)]
+
+
+def test_the_command_line_caps_rounds_at_the_census_width_and_names_the_row():
+    # rows_cap reads the width off the census of the target's own shapes (here a
+    # planted census row): a round of budget 6 needs 7 nodes
+    assert rows_cap(None, 6, False, measure=_census_of(None)) is None
+    width, why = rows_cap(None, 6, False, measure=_census_of(4))
+    assert width == 3 and "matmul tokens float32 64->64: differs from 4" in why
+    assert rows_cap(None, 6, True, measure=_census_of(4)) is None  # --allow-inexact runs it all
+    with pytest.raises(UsageError, match="keeps a row's bits for one node only"):
+        rows_cap(None, 6, False, measure=_census_of(2))

@@ -6,17 +6,21 @@ import sys
 import time
 
 from ..auto import choose as auto
-from . import scaled
+from . import head_rows, scaled
 from .measure import (PROMPTS, BenchOptions, SharedProbe, auto_config, bench, build_configs,
                       describe_choice)
 from .report import format_curve, format_report, machine_info, write_plots
 from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from ..auto.costcurve import verify_cost_curve
 from ..decoding import batch_levels_refusal
-from ..errors import UsageError
+from ..draft.head import head_refusal
+from ..heads.load import load_head
+from ..distributed import flags as sharding_flags, group as dist, shard
+from ..errors import OptionError, TreeRefused, UsageError
 from ..models import n_params
 from ..options import KVOptions, Spelling
 from ..cli.process import prepare
+from ..verify import adapter_for
 
 CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 
@@ -28,6 +32,16 @@ def cmd_bench(args) -> int:
     deadline = None if args.max_seconds is None else t_start + args.max_seconds
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else \
         (lambda s: print(s, flush=True))
+    how = sharding_flags.way(args)
+    # Under --sharded every rank must run the same forwards in the same order:
+    # nothing that times a rank may choose what runs (docs/distributed.md).
+    if args.max_seconds is not None:
+        sharding_flags.refuse_with(how, "--max-seconds", "it stops the bench by each rank's "
+                                   "own clock, so the ranks could stop at different runs")
+    if not args.no_auto:
+        sharding_flags.refuse_with(how, sharding_flags.FLAG, "bench's auto row is chosen by "
+                                   "timing on each rank, so the ranks could choose different "
+                                   "shapes", "add --no-auto")
     if args.plot:  # fail before minutes of measuring, not after
         try:
             import matplotlib  # noqa: F401  (an optional dependency)
@@ -42,19 +56,41 @@ def cmd_bench(args) -> int:
         model_path, draft_path = default_pair()
     elif draft_path is None and args.scaled is None:
         raise UsageError("--model given without --draft-model: bench compares speculative modes")
-    if args.width is not None and args.no_confidence and args.no_auto:
+    if args.width is not None and args.no_confidence and args.no_auto and not args.draft_head:
         raise UsageError("--width sets the confidence trees' width, and --no-confidence with "
                          "--no-auto leaves no confidence tree to run")
     width = 4 if args.width is None else args.width
     # The table's rows depend on the flags alone: built before any model.
     configs = build_configs(args.blocks, args.trees, width, mlx_lm=not args.no_mlx_lm,
-                            confidence=not args.no_confidence, batch_levels=args.batch_levels)
+                            confidence=not args.no_confidence, batch_levels=args.batch_levels,
+                            verify=args.verify)
+    try:
+        heads = head_rows.parse_specs(args.draft_head)
+    except ValueError as e:
+        raise UsageError(f"--draft-head: {e}")
+    if heads and args.scaled is not None:
+        raise UsageError("--draft-head with --scaled: the scaled pair's random target has no "
+                         "head made for it; give --draft-head with the built-in pair or --model")
+    if heads and how is not None:
+        raise UsageError(f"--draft-head with {sharding_flags.FLAG}: not supported (a head "
+                         "drafts on one process, as generate's); leave one of them out")
+    configs = head_rows.with_heads(configs, heads, args.blocks, args.trees, width)
+    if args.bits is not None and args.scaled is None:
+        raise UsageError("--bits quantizes the --scaled pair; a checkpoint keeps its own "
+                         "quantization (give --bits with --scaled)")
     if args.batch_levels and not any(c.batch_levels for c in configs):
         raise UsageError("--batch-levels: no tree of --trees feeds a level of two or more "
                          "nodes (their nodes with children form one chain each): nothing to "
                          "batch")
     if args.prompts < 1 or args.prompts > len(PROMPTS):
         raise UsageError(f"--prompts must be 1..{len(PROMPTS)}")
+    try:
+        group, _ = dist.start(how and sharding_flags.FLAG, sharding_flags.FLAG, sys.argv[1:],
+                              (model_path, draft_path))
+    except OptionError as e:
+        raise UsageError(str(e))
+    if group is not None and group.rank() != 0:  # rank 0 prints
+        say = lambda s: None  # noqa: E731
     machine = machine_info()
     attention = f"; {machine['attention']}" if "attention" in machine else ""  # CUDA only
     say(f"machine: {machine['blas']}; mlx {machine['mlx']}, mlx-lm {machine.get('mlx_lm')}, "
@@ -63,20 +99,27 @@ def cmd_bench(args) -> int:
     auto_prompts = tokenizer = None
     if args.scaled is not None:
         hidden, layers = args.scaled
-        target, draft = scaled.build_pair(hidden, layers, args.draft_layers, args.alpha)
+        target, draft = scaled.build_pair(hidden, layers, args.draft_layers, args.alpha,
+                                          bits=args.bits)
+        if group is not None:  # seeded: the same weights on every rank, then sharded
+            target = _sharded(lambda: shard.shard(target, group, how))
         # Random weights know no text: seeded token prompts, no EOS; auto
         # calibrates on prompts of its own, as with the trained pair.
         prompts = scaled.default_prompts(args.prompts + 2)
         prompts, auto_prompts = prompts[: args.prompts], prompts[args.prompts:]
         eos = []
-        pair = (f"scaled llama {hidden}x{layers} bf16 ({n_params(target) / 1e9:.2f}B), "
+        q = "" if args.bits is None else f" {args.bits}-bit"
+        pair = (f"scaled llama {hidden}x{layers} bf16{q} ({n_params(target) / 1e9:.2f}B), "
                 f"drafter its first {args.draft_layers} layers "
                 f"({n_params(draft) / 1e9:.2f}B), alpha {args.alpha}")
         report_extra = {"machine": machine, "model": pair, "draft_model": pair,
                         "prompts_text": None}
         say(f"pair: {pair}")
     else:
-        target, tokenizer = load_checkpoint(model_path, "model")
+        if group is None:
+            target, tokenizer = load_checkpoint(model_path, "model")
+        else:  # the target sharded across the ranks; the drafter whole on each
+            target, tokenizer = _sharded(lambda: shard.load(model_path, group, how=how))
         draft, draft_tok = load_checkpoint(draft_path, "draft-model")
         check_same_tokenizer(tokenizer, draft_tok, target, draft)
         say(f"pair: target {model_path}, draft {draft_path}")
@@ -85,6 +128,9 @@ def cmd_bench(args) -> int:
         eos = list(tokenizer.eos_token_ids)
         report_extra = {"machine": machine, "model": str(model_path),
                         "draft_model": str(draft_path), "prompts_text": texts}
+        if heads:
+            _load_heads(configs, heads, target, model_path)
+            report_extra["draft_heads"] = heads
 
     curve = None
     if args.verify_curve and deadline is not None and time.perf_counter() > deadline:
@@ -95,6 +141,14 @@ def cmd_bench(args) -> int:
         say(format_curve(curve, f"target, {time.perf_counter() - t0:.1f}s"))
         report_extra["verify_curve"] = curve
 
+    if "rows" in args.verify:
+        try:
+            rows = adapter_for(target, rows=True)
+        except TreeRefused as e:
+            raise UsageError(f"--verify rows: {e}")
+        for c in configs:
+            if c.verify == "rows":
+                c.adapter = rows
     if args.batch_levels:
         why = batch_levels_refusal(draft, KVOptions(), Spelling({}))
         if why is not None:
@@ -122,6 +176,14 @@ def cmd_bench(args) -> int:
                    deadline=deadline, decide=gate, log=say)
     report.update(report_extra)
     report["seconds"] = time.perf_counter() - t_start
+    if group is not None:
+        try:  # every rank emitted the same tokens and took the same verdicts
+            dist.same_result(group, _outcome(report), "bench rows (verdicts, tokens, rounds)")
+        except dist.RankDivergence as e:
+            raise UsageError(f"{sharding_flags.FLAG}: {e}")
+        report["distributed"] = {"ranks": group.size(), "sharding": how}
+        if group.rank() != 0:  # rank 0 prints
+            return 0
     if args.plot:
         report["plots"] = write_plots(report, args.plot, curve)
     if args.json:
@@ -139,3 +201,33 @@ def cmd_bench(args) -> int:
             print(f"wrote {p}")
         print(f"({report['seconds']:.0f} s)")
     return 0
+
+
+def _load_heads(configs, heads, target, model_path):
+    """Each --draft-head's head for ``target``, set on its rows; a head that
+    does not fit is refused naming the flag (treespec.heads.load)."""
+    for spec in heads:
+        try:
+            head = load_head(spec, target, model_path)
+        except OptionError as e:
+            raise UsageError(str(e))
+        why = head_refusal(head, target)
+        if why is not None:
+            raise UsageError(f"--draft-head {spec}: {why}")
+        for c in configs:
+            if getattr(c, "head", None) == spec:
+                c.head_model = head
+
+
+def _sharded(load):
+    try:
+        return load()
+    except OptionError as e:
+        raise UsageError(str(e))
+
+
+def _outcome(report: dict) -> str:
+    """What every rank of a sharded bench must have found alike (timings
+    are each rank's own)."""
+    keys = ("name", "exact", "checks", "reason", "tokens", "rounds", "acceptance")
+    return json.dumps([[r.get(k) for k in keys] for r in report["rows"]])

@@ -16,7 +16,8 @@ Configurations (all greedy, temperature 0):
 - ``mlx-lm b=B``: ``mlx_lm.generate.speculative_generate_step`` (what ``stream_generate``
   runs when given a draft model) with ``num_draft_tokens = B - 1``;
 - ``auto``: what :func:`treespec.auto.choose.choose` picks after a short calibration on its
-  own prompts (not the bench's).
+  own prompts (not the bench's);
+- ``... [head NAME]``: a hidden-state head drafting (``--draft-head``, treespec.bench.head_rows).
 
 Gating: every speculative configuration first passes the exactness probe (the
 gate's per-shape measurement over its drafter's ``probe_shapes()``, shared across
@@ -40,8 +41,8 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, List, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step
@@ -62,6 +63,7 @@ from ..evidence.gate import (
     worst_diff,
 )
 from ..options import wide_depth
+from ..verify import ROW_ADAPTER
 
 
 
@@ -73,7 +75,7 @@ class Config:
     """One row of the table."""
 
     name: str
-    kind: str  # classic | chain | fixed | confidence | mlx-lm | auto
+    kind: str  # classic | chain | fixed | confidence | mlx-lm | auto (head-*: head_rows)
     block: Optional[int] = None
     budget: int = 0  # draft nodes per round
     branching: Optional[tuple] = None  # fixed: branching factors or a parent list
@@ -83,6 +85,11 @@ class Config:
     # Tests substitute a runner: (target, draft, prompt, max_tokens, eos) -> Run.
     runner: Optional[Callable] = None
     shapes: Optional[list] = None  # probe shapes override (tests)
+    # "rows": the row-invariant verify (treespec.verify.row_invariant), whose
+    # adapter the bench sets once the target is built
+    verify: str = "flat"
+    adapter: Any = None
+    draft_prefill = True  # the draft model prefills the prompt (a head does not)
 
     @property
     def speculative(self) -> bool:
@@ -122,6 +129,10 @@ class Config:
             return None
         return make_drafter(mode, **kw)
 
+    def draft_kwargs(self, draft) -> dict:
+        """decode's drafting keywords: the draft model (a head row: its head)."""
+        return {"draft_model": draft}
+
     def probe_shapes(self):
         if self.shapes is not None:
             return self.shapes
@@ -131,10 +142,24 @@ class Config:
 
 def build_configs(blocks: Sequence[int], trees: Sequence[tuple] = FIXED_TREES, width: int = 4,
                   mlx_lm: bool = True, confidence: bool = True,
-                  batch_levels: bool = False) -> List[Config]:
+                  batch_levels: bool = False, verify: Sequence[str] = ("flat",)) -> List[Config]:
     """The table's rows. ``batch_levels``: each fixed tree with a level of
     several fed nodes (treespec.options.wide_depth) twice, through the tree
-    injection and as batch rows ("... rows"), side by side."""
+    injection and as batch rows ("... rows"), side by side. ``verify``: the
+    verify modes of every chain, fixed and confidence row ("flat", the tree
+    adapter's one forward; "rows", the row-invariant verify, named
+    "... [rows]"), side by side in that order."""
+    flat = _configs(blocks, trees, width, confidence, batch_levels)
+    configs = [flat[0]]
+    for v in verify:
+        configs += [c if v == "flat" else replace(c, name=f"{c.name} [rows]", verify="rows")
+                    for c in flat[1:]]
+    if mlx_lm:
+        configs += [Config(f"mlx-lm b={b}", "mlx-lm", block=b, budget=b - 1) for b in blocks]
+    return configs
+
+
+def _configs(blocks, trees, width, confidence, batch_levels) -> List[Config]:
     configs = [Config("classic", "classic")]
     configs += [Config(f"chain b={b}", "chain", block=b, budget=b - 1) for b in blocks]
     for t in trees:
@@ -147,8 +172,6 @@ def build_configs(blocks: Sequence[int], trees: Sequence[tuple] = FIXED_TREES, w
     if confidence:
         configs += [Config(f"conf n={b - 1}", "confidence", budget=b - 1, width=width)
                     for b in blocks]
-    if mlx_lm:
-        configs += [Config(f"mlx-lm b={b}", "mlx-lm", block=b, budget=b - 1) for b in blocks]
     return configs
 
 
@@ -238,8 +261,10 @@ def _run_config(cfg: Config, target, draft, prompt, max_tokens, eos) -> Run:
     t0 = time.perf_counter()
     # The gate ran (and passed) before the timed runs; decode's own gate would
     # hash the weights on every call, inside the timing.
-    result = decode(target, prompt, draft_model=draft if kw["mode"] != "classic" else None,
-                    max_tokens=max_tokens, eos_token_ids=eos, gate=False, **kw)
+    rows = {"adapter": cfg.adapter, "adapter_name": ROW_ADAPTER} if cfg.verify == "rows" else {}
+    drafting = cfg.draft_kwargs(draft) if kw["mode"] != "classic" else {}
+    result = decode(target, prompt, max_tokens=max_tokens, eos_token_ids=eos, gate=False,
+                    **kw, **rows, **drafting)
     wall = time.perf_counter() - t0
     s = result.stats
     stats = {"rounds": s.rounds, "proposed": s.proposed, "accepted": s.accepted,
@@ -272,7 +297,7 @@ class SharedProbe:
         self.results = {}
         self._config = {}
 
-    def __call__(self, model, shapes, allow_inexact: bool = False):
+    def __call__(self, model, shapes, allow_inexact: bool = False, adapter=None):
         unsound = unsound_decision(model, shapes)
         if unsound is not None:
             return unsound
@@ -282,9 +307,11 @@ class SharedProbe:
         cfg = self._config[key]
         got = []
         for shape in (tuple(int(p) for p in s) for s in shapes):
-            if (key, shape) not in self.results:
-                self.results[key, shape] = compare_shape(model, shape, DRAWS)
-            got.append(self.results[key, shape])
+            # per adapter: the row-invariant verify is measured on its own
+            at = (key, shape, None if adapter is None else id(adapter))
+            if at not in self.results:
+                self.results[at] = compare_shape(model, shape, DRAWS, adapter=adapter)
+            got.append(self.results[at])
         bad = [r for r in got if not r.identical]
         where = f"{cfg['blas']}, {cfg['device']}"
         if not bad:
@@ -383,7 +410,8 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
             skip(c, "probed")
             continue
         t0 = time.perf_counter()
-        d = decide(target, c.probe_shapes(), allow_inexact=allow_inexact)
+        rows_kw = {"adapter": c.adapter} if c.verify == "rows" else {}
+        d = decide(target, c.probe_shapes(), allow_inexact=allow_inexact, **rows_kw)
         rows[c.name]["probe"] = {"run": d.run, "exact": d.exact, "reason": d.reason,
                                  "seconds": time.perf_counter() - t0}
         if not d.run or not d.exact and not allow_inexact:
@@ -452,8 +480,11 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
                     row.setdefault("text_diff", why)  # timed anyway, labelled INEXACT
             if row["exact"]:
                 row["wall"].append(sum(x.wall_s for x in runs))
+                # a head has no prefill of its own: its first round feeds the
+                # prompt's features, inside the decode time
                 row["decode"].append(sum(
-                    max(x.wall_s - 1e-3 * (pt + (pd if c.speculative else 0.0)), 1e-6)
+                    max(x.wall_s - 1e-3 * (pt + (pd if c.speculative and c.draft_prefill
+                                                 else 0.0)), 1e-6)
                     for x, (pt, pd) in zip(runs, prefill)))
                 row["runs"].append(runs)
                 if c.speculative:

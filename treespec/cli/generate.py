@@ -20,10 +20,13 @@ from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from ..decoding import check, decode, detokenize
 from ..distributed import group as dist, shard
 from ..errors import OptionError, TreeRefused, UsageError
+from ..heads.load import load_head
 from .generate_args import chosen as auto_options, decode_kwargs
 from ..models import PositionWarning
 from .process import prepare
 from .startup import settings
+from ..verify import ROW_ADAPTER, adapter_for
+from .rows import rows_cap
 
 
 def encode_prompt(tokenizer, text: str, ignore_chat_template: bool = False):
@@ -113,10 +116,16 @@ def _load(args, options, group=None):
         target, tokenizer = load_checkpoint(model_path, "model")
     else:  # the target sharded across the ranks; the drafter whole on each
         try:
-            target, tokenizer = shard.load(model_path, group)
+            target, tokenizer = shard.load(model_path, group, how=args.sharded)
         except OptionError as e:
             raise UsageError(str(e))
     draft = None
+    if options.draft_head:
+        try:
+            return target, load_head(args.draft_head, target, model_path), tokenizer, \
+                model_path, args.draft_head
+        except OptionError as e:
+            raise UsageError(str(e))
     if options.mode != "classic" or args.resolved.auto:
         draft, draft_tok = load_checkpoint(draft_path, "draft-model")
         check_same_tokenizer(tokenizer, draft_tok, target, draft)
@@ -149,12 +158,23 @@ def cmd_generate(args) -> int:
                         tokenizer=tokenizer)
         options = auto_options(options, auto_kwargs(chosen))
     kwargs = decode_kwargs(options)
+    if args.verify == "rows":
+        try:
+            kwargs.update(adapter=adapter_for(target, rows=True), adapter_name=ROW_ADAPTER)
+        except TreeRefused as e:
+            raise UsageError(f"--verify rows: {e}")
+        cap = rows_cap(target, options.draft_nodes(), options.allow_inexact)
+        if cap is not None:
+            kwargs["max_nodes"], why = cap
+            if say:
+                print(f"note: --verify rows: rounds verify at most {cap[0]} nodes, the most "
+                      f"this backend keeps a row's bits for ({why})", file=sys.stderr)
     if group is not None:
         kwargs.update(dist.decode_kwargs(ranks))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PositionWarning)
         try:
-            check(options, target, draft, len(prompt), spell)
+            check(options, target, None if options.draft_head else draft, len(prompt), spell)
         except OptionError as e:
             raise UsageError(str(e))
     for w in caught:
@@ -163,8 +183,11 @@ def cmd_generate(args) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PositionWarning)  # said above, once
-            result = decode(target, prompt, draft_model=draft if kwargs["mode"] != "classic"
-                            else None, eos_token_ids=list(tokenizer.eos_token_ids), **kwargs)
+            drafting = kwargs["mode"] != "classic"
+            result = decode(target, prompt, draft_model=draft if drafting and not
+                            options.draft_head else None,
+                            draft_head=draft if drafting and options.draft_head else None,
+                            eos_token_ids=list(tokenizer.eos_token_ids), **kwargs)
         if ranks is not None:
             ranks.final(result.tokens)
     except TreeRefused as e:
@@ -179,13 +202,14 @@ def cmd_generate(args) -> int:
     summary = result.stats.summary()
     summary["model"] = str(model_path)
     if kwargs["mode"] != "classic":
-        summary["draft_model"] = str(draft_path)
+        summary["draft_head" if options.draft_head else "draft_model"] = str(draft_path)
     if chosen is not None:  # auto's reason, said once, here
         summary["auto"] = {"chose": auto_kwargs(chosen), "reason": chosen["reason"]}
     summary.update(settings())  # the device and TF32: which device made this record, how
     summary["blas"] = describe(detect())
+    summary["verify"] = args.verify
     if group is not None:
-        summary["distributed"] = {"ranks": group.size(), "sharding": _sharding(args),
+        summary["distributed"] = {"ranks": group.size(), "sharding": args.sharded,
                                   "check_ranks": ranks is not None}
         if group.rank() != 0:  # rank 0 prints
             return 0

@@ -13,7 +13,8 @@ defaults: ``-m/--max-tokens`` (100), ``-p/--prompt`` (``-`` reads stdin;
 ``--draft-model``, ``--num-draft-tokens`` (3), ``--ignore-chat-template``.
 treespec's own: ``--mode``, ``--block`` (the verify width: num-draft-tokens
 + 1, an alias; never both), ``--tree-branching``, ``--tree-parents``,
-``--budget``, ``--width``, ``--batch-levels``, ``--allow-inexact``, ``--blas``, ``--device``,
+``--budget``, ``--width``, ``--batch-levels``, ``--draft-head``, ``--allow-inexact``,
+``--blas``, ``--device``,
 ``--json``, ``--quiet``. Two defaults differ from mlx-lm's, on purpose: the prompt (the
 built-in pair was trained on Python) and the seed (0, so that a sampled run
 is reproducible; mlx-lm leaves MLX unseeded).
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import List
 
 from ..errors import OptionError, UsageError
+from ..distributed import flags as sharding_flags
 from .flags import ints
 from .startup import add_device_flag
 from ..options import DEFAULT_BLOCK, MAX_DRAFT_NODES, DecodeOptions, KVOptions, Spelling
@@ -59,6 +61,11 @@ def add_parser(sub):
                    "trained pair in treespec/pair/, with its drafter)")
     g.add_argument("--draft-model", help="draft mlx-lm checkpoint directory (with --model; "
                    "without one, --model alone decodes classically)")
+    g.add_argument("--draft-head", default=None, metavar="mtp|DIR",
+                   help="draft from a hidden-state head fed the target's own hidden states "
+                   "instead of a draft model: 'mtp' (the MTP module in the --model checkpoint) "
+                   "or a head directory (speculators EAGLE-3, or an MTP head); --mode chain, "
+                   "or tree with a fixed shape or --budget/--width (EAGLE-2's dynamic tree)")
     g.add_argument("--mode", choices=MODES, default=None,
                    help="classic, chain or tree (tree is never chosen implicitly); auto picks "
                    "one from measured cost and acceptance. Default: chain with a draft model, "
@@ -108,16 +115,15 @@ def add_parser(sub):
                    "mlx-lm's)")
     g.add_argument("--allow-inexact", action="store_true",
                    help="run chain/tree even where the exactness probe found differences")
+    g.add_argument("--verify", choices=("flat", "rows"), default="flat",
+                   help="how the target verifies a round: flat (one forward over the flattened "
+                   "tree, default) or rows (the row-invariant verify: every node's attention "
+                   "over exactly its own keys, what a one-token step computes; "
+                   "docs/verify.md#the-row-invariant-verify)")
     g.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
     add_device_flag(g)
-    g.add_argument("--sharded", action="store_true",
-                   help="under mlx.launch: shard the target tensor-parallel across the ranks "
-                   "with mlx-lm's shard(group) (sharded_load); the drafter stays whole on "
-                   "every rank; rank 0 prints")
-    g.add_argument("--check-ranks", action="store_true",
-                   help="with --sharded: compare every round's path and emitted tokens across "
-                   "the ranks (one small all-gather per round)")
+    sharding_flags.add(g, check_ranks=True)
     out = g.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true",
                      help="one JSON object: text, tokens, diagnostics")
@@ -147,9 +153,10 @@ def resolve(args) -> Resolved:
     notes = []
     if args.draft_model is not None and args.model is None:
         raise UsageError("--draft-model given without --model")
+    head = args.draft_head is not None
     mode, note = args.mode, ""
     if mode is None:
-        if args.model is not None and args.draft_model is None:
+        if args.model is not None and args.draft_model is None and not head:
             mode, note = "classic", " (--model alone: no --draft-model given)"
             notes.append("--model without --draft-model: classic decoding (mlx-lm's "
                          "generate_step); give --draft-model for chain or tree")
@@ -162,17 +169,24 @@ def resolve(args) -> Resolved:
                   top_p=args.top_p, min_p=args.min_p, seed=args.seed,
                   # the built-in pair's drafter is implied, except in classic mode
                   draft_model=args.draft_model is not None or (
-                      args.model is None and mode != "classic"),
+                      args.model is None and mode != "classic" and not head),
+                  draft_head=head,
                   allow_inexact=args.allow_inexact,
                   kv=KVOptions(args.max_kv_size, args.kv_bits, args.kv_group_size,
                                args.quantized_kv_start))
     shape = dict(block=block, branching=args.tree_branching, parents=args.tree_parents,
                  budget=args.budget, width=args.width)
     auto = mode == "auto"
-    sharding = "--sharded" if args.sharded else None
-    if args.check_ranks and sharding is None:
-        raise UsageError("--check-ranks compares the ranks of a sharded target: give "
-                         "--sharded (under mlx.launch)")
+    sharding = "--sharded" if sharding_flags.way(args) else None
+    if head and (auto or sharding is not None):
+        raise UsageError(f"--draft-head with {'--mode auto' if auto else sharding}: "
+                         "not supported; give --mode chain or tree on one process")
+    if args.verify == "rows" and (mode in ("classic", "auto") or sharding is not None):
+        why = ({"classic": "classic decoding verifies no draft",
+                "auto": "--mode auto calibrates the flat verify"}.get(mode)
+               or f"{sharding}'s linears are sharded, which it does not run by rows")
+        raise UsageError(f"--verify rows with {'--mode ' + mode if sharding is None else sharding}:"
+                         f" {why}; give --mode chain or tree")
     if auto and sharding is not None:
         # Its calibration is timed on each rank: the ranks would choose apart.
         raise UsageError(f"{sharding}: --mode auto calibrates by timing on each rank, and the "

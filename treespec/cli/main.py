@@ -18,8 +18,9 @@ import sys
 
 from . import generate_args, startup
 from ..bench.prompts import DEFAULT_BLOCKS, FIXED_TREES, PROMPTS
+from ..distributed import flags as sharding_flags
 from ..errors import UsageError
-from .flags import parse_blocks, parse_dims, parse_trees
+from .flags import parse_verify, parse_blocks, parse_dims, parse_trees
 from . import census as census_flags
 
 # subcommand -> "module:function" run with the parsed arguments (exit status).
@@ -52,7 +53,8 @@ def add_bench_parser(sub):
                    help="each fixed tree of --trees with a level of several fed nodes also as "
                    "a row drafting that level as batch rows (generate's --batch-levels)")
     p.add_argument("--width", type=int,
-                   help="confidence tree: top-k per expansion (default 4)")
+                   help="confidence tree (and a --draft-head's dynamic tree): top-k per "
+                   "expansion (default 4)")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's speculative decoding")
     p.add_argument("--no-confidence", action="store_true",
                    help="skip the confidence-tree rows (auto still weighs confidence trees)")
@@ -67,11 +69,24 @@ def add_bench_parser(sub):
                    help="instead of a checkpoint pair: a random bf16 llama of this size and a "
                    "drafter cut from it (treespec.bench.scaled), e.g. 2048x16 (~0.8B)")
     p.add_argument("--draft-layers", type=int, default=2, help="--scaled: the drafter's depth")
+    p.add_argument("--bits", type=int, choices=(4, 8),
+                   help="--scaled: quantize both models' linears (and the target's head) to "
+                   "this many bits (affine, group 64), as mlx_lm.convert -q does")
+    p.add_argument("--draft-head", action="append", metavar="mtp|DIR[,...]",
+                   help="also bench a hidden-state head (generate's --draft-head; repeat it or "
+                   "give a comma list): its chains (--blocks), fixed trees (--trees) and "
+                   "EAGLE-2 dynamic trees of budget block-1 and --width, beside the draft "
+                   "model's rows, gated alike")
+    p.add_argument("--verify", type=parse_verify, default=("flat",),
+                   help="verify modes of the chain, fixed and confidence rows, side by side: "
+                   "flat (one forward over the flattened tree), rows (the row-invariant "
+                   "verify: attention node by node over its own keys), or flat,rows")
     p.add_argument("--alpha", type=float, default=0.3,
                    help="--scaled: damping of the layers the drafter lacks (sets acceptance)")
     p.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
     startup.add_device_flag(p)
+    sharding_flags.add(p)
 
 
 def add_audit_parser(sub):
@@ -108,6 +123,7 @@ def add_audit_parser(sub):
     p.add_argument("--only", help="comma-separated subset of the audit's properties (an "
                    "unknown name is an error that lists them)")
     startup.add_device_flag(p)
+    sharding_flags.add(p)
 
 
 def add_census_parser(sub):

@@ -21,9 +21,11 @@ is ``bit-exact`` against it (the reference named in the detail), anything
 else is judged as before, against classic decoding and the envelope. It is
 never a reason to pass a difference, only to prove an equality.
 
-Not for sliding-window rings (a plain multi-token forward on a wrapped
-ring puts it in time order, which neither classic decoding nor the verify
-does: the reference there is one-token steps): None.
+Not for a sliding-window ring that is wrapped or would wrap during the
+n-token forward (a plain multi-token forward on a wrapped ring puts it in
+time order, which neither classic decoding nor the verify does: the
+reference there is one-token steps): None. A ring with room for the n
+tokens is an appending cache for this forward, and gets its reference.
 """
 
 from typing import Optional, Sequence
@@ -43,10 +45,11 @@ PADDING = 0  # the token after a root path; any token would do (the causal mask 
 def padded_rows(model, before: Sequence, tree: DraftTree) -> Optional[mx.array]:
     """Row i: the row at depth(i) of mlx-lm's plain forward over node i's
     root path padded to the tree's n tokens, each from its own copy of
-    ``before``; None where a cache is a sliding-window ring."""
-    if any(isinstance(c, RotatingKVCache) for _, c in leaves(before)):
-        return None
+    ``before``; None where a sliding-window ring has no room for the n tokens."""
     n, rows = len(tree), []
+    if any(isinstance(c, RotatingKVCache) and c.offset + n > c.max_size
+           for _, c in leaves(before)):
+        return None
     for i in range(n):
         path = [tree.tokens[j] for j in tree.path_to(i)]
         tokens = path + [PADDING] * (n - len(path))

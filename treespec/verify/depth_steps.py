@@ -34,7 +34,6 @@ wide pass checks it, and refuses otherwise) and call each linear child once.
 """
 
 import inspect
-import threading
 from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
@@ -44,6 +43,7 @@ import numpy as np
 from ..errors import TreeRefused
 from ..mixers import set_slot, slots
 from ..standin import StandIn
+from .per_node import AttentionStandIn
 
 __all__ = ["DepthSteps", "Layout", "Projection", "depth_groups", "projections"]
 
@@ -180,37 +180,23 @@ class _Wide:
         return keys, values  # its attention output is never read
 
 
-class DepthSteps(StandIn):
+class DepthSteps(AttentionStandIn):
     """Stands in for one attention module during one verify forward (module
     docstring). ``layout``: the tree's :class:`Layout`, shared by the forward's
-    attentions; ``depths`` (T,) int32 node depths. In any thread but the
-    verifying one it is the attention it stands in for."""
+    attentions; ``depths`` (T,) int32 node depths."""
+
+    WHAT = "row-invariant attention"
 
     def __init__(self, attention: nn.Module, depths: mx.array, layout: Layout,
                  linears: Sequence[Projection]):
-        super().__init__()
-        self.inner = attention
-        self._depths = depths
+        super().__init__(attention, depths)
         object.__setattr__(self, "_layout", layout)
         object.__setattr__(self, "_linears", list(linears))
-        object.__setattr__(self, "_signature", inspect.signature(attention.__call__))
-        self._calls = 0
-        self._thread = threading.get_ident()
 
-    def __call__(self, *args, **kwargs):
-        if threading.get_ident() != self._thread:
-            return self.inner(*args, **kwargs)
-        bound = self._signature.bind(*args, **kwargs)
+    def run(self, bound: inspect.BoundArguments, first: str):
         given = bound.arguments
-        first = next(iter(given))
         x, cache = given[first], given.get("cache")
-        B, T, D = x.shape
-        if B != 1 or T != self._depths.size:
-            raise RuntimeError(
-                f"row-invariant attention got {B} x {T} tokens for a tree of "
-                f"{self._depths.size} nodes: this model calls its attention on something "
-                "other than the verify tokens")
-        self._calls += 1
+        _, T, D = x.shape
         history = cache.offset
         rows = x.reshape(T, 1, D)
         for p in self._linears:

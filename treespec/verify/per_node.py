@@ -37,7 +37,7 @@ from mlx_lm.models.mla import MultiLinear, QuantizedMultiLinear
 from ..mixers import slots
 from ..standin import StandIn
 
-__all__ = ["NodeRows", "NodeSteps", "one_token_attentions"]
+__all__ = ["AttentionStandIn", "NodeRows", "NodeSteps", "one_token_attentions"]
 
 _LATENT = (MultiLinear, QuantizedMultiLinear)
 
@@ -93,19 +93,18 @@ def _rows(fetched, T):
     return mx.broadcast_to(fetched, (T,) + tuple(fetched.shape[1:]))
 
 
-class NodeSteps(StandIn):
-    """Stands in for one latent attention during one verify forward: each of
-    the forward's T tokens a batch row of one token (module docstring). In
-    any thread but the verifying one it is the attention it stands in for.
-    ``per_token`` (argument, token axis): a value the module receives per
-    position (mistral4's ``attn_scale``, re-indexed by depth before it gets
-    here: treespec.verify.positions), laid out per batch row too."""
+class AttentionStandIn(StandIn):
+    """Stands in for one attention module during one verify forward over a
+    tree of ``depths.size`` nodes; in any thread but the verifying one it is
+    the attention it stands in for. Subclasses run the verifying thread's
+    call in :meth:`run` with the call's arguments bound by name."""
 
-    def __init__(self, attention: nn.Module, depths: mx.array, per_token=None):
+    WHAT = "attention"
+
+    def __init__(self, attention: nn.Module, depths: mx.array):
         super().__init__()
         self.inner = attention
         self._depths = depths
-        object.__setattr__(self, "_per_token", per_token)
         object.__setattr__(self, "_signature", inspect.signature(attention.__call__))
         self._calls = 0
         self._thread = threading.get_ident()
@@ -114,20 +113,41 @@ class NodeSteps(StandIn):
         if threading.get_ident() != self._thread:
             return self.inner(*args, **kwargs)
         bound = self._signature.bind(*args, **kwargs)
-        given = bound.arguments
-        first = next(iter(given))
-        x, mask, cache = given[first], given.get("mask"), given.get("cache")
-        B, T, D = x.shape
+        first = next(iter(bound.arguments))
+        B, T, _ = bound.arguments[first].shape
         if B != 1 or T != self._depths.size:
             raise RuntimeError(
-                f"per-node attention got {B} x {T} tokens for a tree of {self._depths.size} "
+                f"{self.WHAT} got {B} x {T} tokens for a tree of {self._depths.size} "
                 "nodes: this model calls its attention on something other than the verify "
                 "tokens")
+        self._calls += 1
+        return self.run(bound, first)
+
+    def run(self, bound: inspect.BoundArguments, first: str):
+        raise NotImplementedError
+
+
+class NodeSteps(AttentionStandIn):
+    """Stands in for one latent attention during one verify forward: each of
+    the forward's T tokens a batch row of one token (module docstring).
+    ``per_token`` (argument, token axis): a value the module receives per
+    position (mistral4's ``attn_scale``, re-indexed by depth before it gets
+    here: treespec.verify.positions), laid out per batch row too."""
+
+    WHAT = "per-node attention"
+
+    def __init__(self, attention: nn.Module, depths: mx.array, per_token=None):
+        super().__init__(attention, depths)
+        object.__setattr__(self, "_per_token", per_token)
+
+    def run(self, bound: inspect.BoundArguments, first: str):
+        given = bound.arguments
+        x, mask, cache = given[first], given.get("mask"), given.get("cache")
+        _, T, D = x.shape
         if not isinstance(mask, mx.array):
             raise RuntimeError(
                 f"per-node attention needs the tree mask as an array, got {mask!r}: this "
                 "model does not build its mask from cache.make_mask")
-        self._calls += 1
         given[first] = x.reshape(T, 1, D)
         given["mask"] = mask.reshape(mask.shape[-2:])[:, None, None, :]  # node t's row
         lead = cache if hasattr(cache, "offset") else cache[0]  # a CacheList: its first
