@@ -380,6 +380,17 @@ def test_scaled_with_a_checkpoint_is_refused(capsys):
     assert "--scaled builds its own pair" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags,says", [
+    (["--scaled", "64x2"], "--draft-layers must be in 1..1 for --scaled 64x2"),
+    (["--scaled", "128x4", "--alpha", "0"], "--alpha must be in (0, 1], got 0"),
+    (["--scaled", "96x4", "--bits", "4"], "--scaled's hidden size must be a multiple of 64, got 96"),
+    (["--bits", "4"], "--bits quantizes the --scaled pair"),
+], ids=["draft layers", "alpha", "bits group", "bits without scaled"])
+def test_a_scaled_pair_that_cannot_be_built_is_refused_before_building(capsys, flags, says):
+    assert cli.main(["bench", *flags]) == 2
+    assert says in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- the real paths
 
 

@@ -37,8 +37,12 @@ def cmd_audit(args) -> int:
                               (args.model, args.draft_model))
     except OptionError as e:
         raise UsageError(str(e))
+    if args.draft_head is not None and (args.draft_model is not None or group is not None):
+        raise UsageError(f"--draft-head with {'--draft-model' if group is None else '--sharded'}: "
+                         "the e2e rows draft from one of them; give --draft-head alone, unsharded")
     s = subject(args.model, args.draft_model, args.adapter, options,
-                load=load_checkpoint if group is None else _sharded_load(group, how))
+                load=load_checkpoint if group is None else _sharded_load(group, how),
+                head=args.draft_head)
     if group is not None and not s.custom:
         # The gate's verdict measured on every rank, never read from one rank's disk.
         s.adapter_source = dist.SHARDED_ADAPTER

@@ -19,12 +19,15 @@ from .subject import Subject, draft_adapter, the_adapter, the_walk, window
 PROMPTS = ("The quick brown fox jumps over", "def main(): return print(")
 
 
-def e2e_modes(block: int) -> Dict[str, dict]:
+def e2e_modes(block: int, head: bool = False) -> Dict[str, dict]:
+    """The decode modes of the e2e rows; with a hidden-state head the budget
+    and width ask for EAGLE-2's dynamic tree instead of the confidence tree."""
     budget = max(2, 2 * (block - 1))
     return {
         f"chain-b{block}": dict(mode="chain", block=block),
         "tree-2x2x1": dict(mode="tree", branching=[2, 2, 1]),
-        f"tree-confidence-b{budget}": dict(mode="tree", budget=budget, width=3),
+        f"tree-{'dynamic' if head else 'confidence'}-b{budget}": dict(mode="tree", budget=budget,
+                                                                      width=3),
     }
 
 
@@ -36,6 +39,8 @@ def e2e_tokens(s: Subject) -> int:
 
 
 def drafter_note(s: Subject) -> str:
+    if s.draft_head is not None:
+        return f"the hidden-state head {s.draft_name} (--draft-head)"
     if s.draft_model is not None:
         return str(s.draft_name or "the given draft model")
     return ("the target itself (no --draft-model): it drafts its own greedy tokens, so "
@@ -57,13 +62,15 @@ def check_e2e(s: Subject) -> List[Check]:
         if p not in expected:
             expected[p] = mlx_lm.generate(s.model, s.tokenizer, prompt=ids, max_tokens=n)
     out = []
-    for name, kw in e2e_modes(s.options.block).items():
+    # a head drafts from the target's hidden states, in place of a draft model
+    drafting = (dict(draft_head=s.draft_head) if s.draft_head is not None
+                else dict(draft_model=draft, draft_adapter=draft_adapter(s, draft)))
+    for name, kw in e2e_modes(s.options.block, s.draft_head is not None).items():
         t0 = time.perf_counter()
         first, accepted, proposed, refused, declined, forced = None, 0, 0, None, None, []
-        run = lambda ids, **more: decode(s.model, ids, draft_model=draft, max_tokens=n,
-                                         eos_token_ids=eos, adapter=adapter,
-                                         adapter_name=s.adapter_source,
-                                         draft_adapter=draft_adapter(s, draft), walk=walk, **more, **kw)
+        run = lambda ids, **more: decode(s.model, ids, max_tokens=n, eos_token_ids=eos,
+                                         adapter=adapter, adapter_name=s.adapter_source,
+                                         walk=walk, **drafting, **more, **kw)
         for k, (p, ids) in enumerate(zip(PROMPTS, prompts)):
             try:
                 result = run(ids, gate=False) if s.options.allow_inexact else run(ids)

@@ -11,7 +11,8 @@ from typing import Any, Callable, Optional, Tuple
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from ..checkpoints import check_same_tokenizer, load_checkpoint
-from ..errors import TreeRefused, UsageError
+from ..errors import OptionError, TreeRefused, UsageError
+from ..heads.load import load_head
 from ..models import vocab_size
 from ..verify import adapter_for
 from ..walk import tree_walk
@@ -27,6 +28,7 @@ class Subject:
     name: str = "model"
     draft_model: Any = None  # None: the target drafts for itself
     draft_name: Optional[str] = None
+    draft_head: Any = None  # a hidden-state head (treespec.heads) drafting the e2e rows
     factory: Callable = adapter_for  # model -> adapter
     adapter_source: str = "treespec.verify.adapter_for"
     options: Options = field(default_factory=Options)
@@ -65,9 +67,11 @@ def load_adapter(spec: str) -> Callable:
 
 
 def subject(model_path, draft_path=None, adapter: Optional[str] = None,
-            options: Optional[Options] = None, load: Callable = load_checkpoint) -> Subject:
+            options: Optional[Options] = None, load: Callable = load_checkpoint,
+            head: Optional[str] = None) -> Subject:
     """Load the checkpoints (mlx_lm.load; the target through ``load(path,
-    "model")``, e.g. sharded across ranks) and the adapter factory."""
+    "model")``, e.g. sharded across ranks), the adapter factory and
+    ``head`` (a ``--draft-head`` spec: treespec.heads.load.load_head)."""
     factory, source = adapter_for, "treespec.verify.adapter_for"
     if adapter is not None:  # first: a bad spec fails before any load
         factory, source = load_adapter(adapter), adapter
@@ -76,8 +80,15 @@ def subject(model_path, draft_path=None, adapter: Optional[str] = None,
     if draft_path is not None:
         draft, draft_tok = load_checkpoint(draft_path, "draft-model")
         check_same_tokenizer(tokenizer, draft_tok, model, draft)
-    return Subject(model, tokenizer, str(model_path), draft, draft_path and str(draft_path),
-                   factory, source, options or Options())
+    found = None
+    if head is not None:
+        try:
+            found = load_head(head, model, model_path)
+        except OptionError as e:
+            raise UsageError(str(e))
+    return Subject(model, tokenizer, str(model_path), draft,
+                   head if head is not None else draft_path and str(draft_path),
+                   found, factory, source, options or Options())
 
 
 def the_adapter(s: Subject):

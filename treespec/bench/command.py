@@ -78,6 +78,8 @@ def cmd_bench(args) -> int:
     if args.bits is not None and args.scaled is None:
         raise UsageError("--bits quantizes the --scaled pair; a checkpoint keeps its own "
                          "quantization (give --bits with --scaled)")
+    if args.scaled is not None:
+        scaled_refusal(*args.scaled, args.draft_layers, args.alpha, args.bits)
     if args.batch_levels and not any(c.batch_levels for c in configs):
         raise UsageError("--batch-levels: no tree of --trees feeds a level of two or more "
                          "nodes (their nodes with children form one chain each): nothing to "
@@ -231,3 +233,17 @@ def _outcome(report: dict) -> str:
     are each rank's own)."""
     keys = ("name", "exact", "checks", "reason", "tokens", "rounds", "acceptance")
     return json.dumps([[r.get(k) for k in keys] for r in report["rows"]])
+
+
+def scaled_refusal(hidden: int, layers: int, draft_layers: int, alpha: float, bits) -> None:
+    """UsageError naming the flag when ``--scaled`` cannot build its pair, before
+    anything is built."""
+    if not 0 < draft_layers < layers:
+        raise UsageError(f"--draft-layers must be in 1..{layers - 1} for --scaled "
+                         f"{hidden}x{layers} (the drafter is the target's first layers), "
+                         f"got {draft_layers}")
+    if not 0 < alpha <= 1:
+        raise UsageError(f"--alpha must be in (0, 1], got {alpha:g}")
+    if bits is not None and hidden % 64:
+        raise UsageError(f"--bits {bits} quantizes in groups of 64: --scaled's hidden size must "
+                         f"be a multiple of 64, got {hidden}")

@@ -100,6 +100,9 @@ def add_audit_parser(sub):
     p.add_argument("--model", required=True, help="mlx-lm checkpoint directory to audit")
     p.add_argument("--draft-model", help="drafter checkpoint for the e2e text diff "
                    "(default: the model drafts for itself)")
+    p.add_argument("--draft-head", metavar="mtp|DIR",
+                   help="a hidden-state head drafts the e2e rows instead (a chain, a fixed "
+                   "tree, EAGLE-2's dynamic tree): mtp (the checkpoint's own) or a head directory")
     p.add_argument("--adapter", help="module:attr of a callable model -> adapter (the "
                    "TreeAdapter interface; a walk(tree, target_tokens) method overrides the walk) "
                    "used instead of treespec.verify.adapter_for")
