@@ -10,7 +10,7 @@ or crashing the process), and one past int32 cannot be an mx.array id.
 
 import math
 from numbers import Integral, Real
-from typing import Optional
+from typing import Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -74,3 +74,13 @@ def token_ids(values, vocab: int, name: str = "prompt") -> list:
             raise ValueError(f"{name}[{i}]: token id {v} is outside the vocabulary [0, {vocab})")
         ids.append(v)
     return ids
+
+
+def checked_branching(branching: Sequence[int]) -> list:
+    """A drafter's ``branching`` argument as a list of ints, each >= 1
+    (TypeError / ValueError naming the factor); treespec.options.branching_parents
+    turns it into the tree."""
+    branching = [integer(b, f"branching[{d}]") for d, b in enumerate(branching)]
+    if not branching or any(b < 1 for b in branching):
+        raise ValueError(f"branching factors must be >= 1, got {branching}")
+    return branching

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import mlx.core as mx
 
 from .. import caches
-from ..checks import integer
+from ..checks import checked_branching
 from ..evidence.gate import shapes_for
 from ..options import branching_parents
 from ..tree import DraftTree, consecutive, first_choice_order, renumbered
@@ -175,9 +175,7 @@ class FixedTreeDrafter(_TopKTree):
         if (branching is None) == (parents is None):
             raise ValueError("give exactly one of branching factors or parent lists")
         if branching is not None:
-            branching = [integer(b, f"branching[{d}]") for d, b in enumerate(branching)]
-            if not branching or any(b < 1 for b in branching):
-                raise ValueError(f"branching factors must be >= 1, got {list(branching)}")
+            branching = checked_branching(branching)
             parents = branching_parents(branching)
         # Validate the shape once, with placeholder tokens; keep it in
         # first-choice order, the order a round's tree is verified in, so

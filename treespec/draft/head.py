@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 import mlx.core as mx
 
 from .. import caches
-from ..checks import integer
+from ..checks import checked_branching, integer
 from ..evidence.gate import shapes_for
 from ..heads.base import tap_indices
 from ..models import PREFILL_STEP, vocab_size
@@ -124,9 +124,7 @@ class HeadDrafter(Drafter):
             if branching is not None and parents is not None:
                 raise ValueError("give one fixed shape: branching or parents, not both")
             if branching is not None:
-                branching = [integer(b, f"branching[{d}]") for d, b in enumerate(branching)]
-                if not branching or any(b < 1 for b in branching):
-                    raise ValueError(f"branching factors must be >= 1, got {branching}")
+                branching = checked_branching(branching)
                 parents = branching_parents(branching)
             self.kind = "fixed"
             self.shape = list(DraftTree([0] * len(parents), parents).parents)
