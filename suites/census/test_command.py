@@ -23,6 +23,7 @@ from treespec import zoo
 from treespec.audit.runner import audit, format_report
 from treespec.backend import blas
 from treespec.backend import census as c
+from treespec.backend.census_position import position_census, position_width
 from treespec.cli import census as census_flags
 from treespec.cli.main import main
 
@@ -46,20 +47,28 @@ def test_the_table_names_the_backend_and_gives_a_row_per_op_how_and_dtype(capsys
     assert str(mx.default_device()) in head and mx.__version__ in head
     assert "MLX_ENABLE_TF32=" in head and "widths 1..4" in head
     rows = c.census(dtypes=("float32",), widths=range(1, 5))
+    rows += position_census(dtypes=("float32",), widths=range(1, 5))
+    assert {r.how for r in rows} >= {"tokens", "position"}
     lines = out.splitlines()
-    for r in rows:  # each row once, with its verdict
+    for r in rows:  # each row once, with its verdict (the position rows their own kind)
         assert sum(ln.split()[:3] == [r.op, r.how, r.dtype] and r.shape in ln
                    and r.verdict in ln for ln in lines) == 1, r
-    assert lines[-2].startswith(c.summary(rows))
+    assert lines[-3].startswith(c.summary(rows))
     width = c.row_width(rows, "float32")[0]
-    assert lines[-1].startswith(f"row-invariant verify (--verify rows): float32 up to {width} nodes")
+    assert lines[-2].startswith(f"row-invariant verify (--verify rows): float32 up to {width} nodes")
+    width = position_width(rows, "float32")[0]
+    assert lines[-1].startswith(f"rows by width alone, not place (same-width reference): "
+                                f"float32 up to {width}")
 
 
 def test_json_holds_the_rows_and_the_backend(capsys):
     code, out, _ = run(capsys, "--dtype", "bfloat16,float16", "--widths", "1,3,5", "--json")
     assert code == 0
     got = json.loads(out)
-    assert got["rows"] == c.to_json(c.census(dtypes=("bfloat16", "float16"), widths=(1, 3, 5)))
+    rows = (c.census(dtypes=("bfloat16", "float16"), widths=(1, 3, 5))
+            + position_census(dtypes=("bfloat16", "float16"), widths=(1, 3, 5)))
+    assert got["rows"] == c.to_json(rows)
+    assert got["position_width"] == {d: position_width(rows, d)[0] for d in ("bfloat16", "float16")}
     assert {r["dtype"] for r in got["rows"]} == {"bfloat16", "float16"}
     assert got["backend"]["blas"] == blas.describe(blas.detect())
     assert got["backend"]["mlx"] == mx.__version__

@@ -3,7 +3,7 @@ root-path references (one-token steps on a sliding-window ring), and the asserti
 fingerprints, plain forwards and the rotated-keys test are the audit's own
 (treespec.audit.states), so the suite and ``treespec audit`` measure alike."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Optional
 
@@ -15,7 +15,8 @@ from suites.helpers_numerics import model_label, require_sound
 from suites.verdict import VERIFY, expect
 from treespec import caches, zoo
 from treespec.evidence import numerics
-from treespec.evidence.same_width import padded_rows
+from treespec.backend.census_position import position_census
+from treespec.evidence.same_width import same_width_rows
 from treespec.audit.states import (
     CacheMode,
     History as Replayed,
@@ -157,7 +158,8 @@ def linear_trees(family: str) -> dict:
 # Assertions shared by the verify tests
 # ---------------------------------------------------------------------------
 
-def root_path_verdict(model, before, tree, logits, kv=None) -> numerics.Verdict:
+def root_path_verdict(model, before, tree, logits, kv=None,
+                      measure=position_census) -> numerics.Verdict:
     """The verdict on every node's verify row against the last row of a plain
     forward over its root path (on a sliding-window ring: classic decoding's
     one-token steps over it, ``treespec.audit.states.classic``), each on its
@@ -165,14 +167,17 @@ def root_path_verdict(model, before, tree, logits, kv=None) -> numerics.Verdict:
     verified from): bit-exact,
     within this backend's envelope (the tree's own negative controls
     separating), inconclusive, or FAIL (treespec.evidence.numerics). ``kv``:
-    (bits, group) of a quantized KV cache mode."""
+    (bits, group) of a quantized KV cache mode; ``measure``: the census's
+    position rows the same-width reference consults (a test plants one)."""
     refs = mx.stack([classic(model, clone(before), [tree.tokens[j] for j in tree.path_to(i)])[-1]
                      for i in range(len(tree))])
+    why = ""
     if not mx.array_equal(logits, refs).item():
-        # Where the backend's products depend on their width, the same root-path
-        # forwards at the verify's width may still match bit for bit: proven, no
-        # envelope needed (treespec.evidence.same_width); else judged below.
-        same = padded_rows(model, before, tree)
+        # The same root-path forwards at the verify's width may still match bit
+        # for bit: proven on any backend, no envelope needed
+        # (treespec.evidence.same_width); a difference is judged below, with the
+        # census's note where it measures a row's bits depending on its place.
+        same, why = same_width_rows(model, before, tree, measure)
         if same is not None and mx.array_equal(logits, same).item():
             return numerics.Verdict(numerics.BIT_EXACT, 0.0, detail=(
                 f"node rows = mlx-lm's plain forward over each root path at the verify's width "
@@ -182,7 +187,10 @@ def root_path_verdict(model, before, tree, logits, kv=None) -> numerics.Verdict:
     kv_bits, kv_group = kv or (None, None)
     env = lambda: numerics.envelope(model, context, numerics.widths_of(tree, 2), kv_bits, kv_group)
     controls = lambda: numerics.controls(model, before, tree, refs)
-    return numerics.judge(logits, refs, env, controls, what="node rows vs root-path forwards")
+    verdict = numerics.judge(logits, refs, env, controls, what="node rows vs root-path forwards")
+    if why and verdict.word != numerics.BIT_EXACT:
+        verdict = replace(verdict, detail="; ".join(x for x in (verdict.detail, why) if x))
+    return verdict
 
 
 def assert_rows_are_root_path_forwards(model, before, tree, logits, kv=None, mode=""):

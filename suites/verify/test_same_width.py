@@ -2,13 +2,18 @@
 products depend on how many rows share a call, node rows equal to mlx-lm's
 plain forward over each root path padded to the verify's width are
 bit-exact, a proof with no envelope; anything else is judged as before, so a
-defect still fails."""
+defect still fails. Where the census's position rows measure a row's bits
+depending on its place in the call (Debian's BLIS: a masked attention row by
+where its keys sit), an equality is still a proof (rows equal to mlx-lm's own
+forward cannot hide a defect), but a difference may be the backend's: it is
+judged against the envelope and the verdict names the census row. Tried: with
+``position_reason`` answering None whatever the census measures, the
+planted-census test fails."""
 
 import mlx.core as mx
 import pytest
 
 from suites.helpers_numerics import exact_backend
-from suites.verdict import census_line
 from suites.planted import shape_dependent
 from suites.verify import helpers
 from treespec.audit.records import PASS
@@ -16,7 +21,8 @@ from treespec.audit.subject import Subject
 from treespec.audit.verify_props import check_tree_verify
 from treespec.evidence import numerics
 from treespec.evidence.controls import clone, control_rows
-from treespec.evidence.same_width import padded_rows
+from treespec.backend.census import Row
+from treespec.evidence.same_width import padded_rows, position_reason, same_width_rows
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
@@ -35,13 +41,18 @@ def planted():
     return model, before
 
 
+def only_width(model):
+    """Skip where the census's position rows of ``model``'s shapes differ: there
+    the verify's row i and the padded forward's row depth(i) may differ (a row's
+    bits depend on its place, not only on the width) and are judged instead."""
+    why = position_reason(model, len(TREE))
+    if why is not None:
+        pytest.skip(why)
+
+
 def test_node_rows_equal_to_same_width_forwards_are_proven_bit_for_bit(planted):
-    # The plant must be the only width dependence: on a backend the census measures
-    # inexact (BLIS: a row's bits also depend on its place in the call), the verify's
-    # row i and the padded forward's row depth(i) may differ, and are then judged.
-    if not exact_backend():
-        pytest.skip(f"{census_line()}: the planted width term is not the only one here")
     model, before = planted
+    only_width(model)
     logits = adapter_for(model).verify(TREE, clone(before))
     same = padded_rows(model, before, TREE)
     assert mx.array_equal(logits, same).item()
@@ -71,12 +82,34 @@ def test_a_sliding_window_ring_has_a_same_width_reference_only_with_room_for_the
         assert mx.array_equal(adapter_for(model).verify(TREE, clone(before)), same).item()
 
 
+def placed_rows(model, widths):
+    """A planted census: the masked attention's position row differs from M=3."""
+    return [Row("sdpa+mask", "float32", "planted", tuple(widths), 3, 1e-7, "position")]
+
+
+def test_position_dependence_explains_a_difference_and_never_withdraws_an_equality(planted):
+    # A census that measures a row's bits depending on its place: rows equal to
+    # the same-width forwards are proven all the same (an equality with mlx-lm's
+    # own forward is a proof on any backend), and a row that differs (a leaked
+    # sibling) is judged as before, its verdict naming the census row.
+    model, before = planted
+    only_width(model)  # this backend's real census: the planted term is all that moves rows
+    same, why = same_width_rows(model, before, TREE, measure=placed_rows)
+    assert same is not None and "sdpa+mask position float32 planted: differs from 3" in why, why
+    logits = adapter_for(model).verify(TREE, clone(before))
+    proven = helpers.root_path_verdict(model, before, TREE, logits, measure=placed_rows)
+    assert proven.word == numerics.BIT_EXACT and "at the verify's width" in proven.detail, \
+        proven.line()
+    leaked = control_rows(model, before, TREE)["leaked sibling"]
+    failed = helpers.root_path_verdict(model, before, TREE, leaked, measure=placed_rows)
+    assert failed.word == numerics.FAIL and why in failed.detail, failed.line()
+
+
 def test_the_audit_proves_tree_rows_at_the_verify_width_and_says_so(planted):
     """`treespec audit`'s tree-verify row takes the same second reference: on
     a width-dependent model every node is bit-exact, and the row says why."""
-    if not exact_backend():
-        pytest.skip(f"{census_line()}: the planted width term is not the only one here")
     model, _ = planted
+    only_width(model)
     check = check_tree_verify(Subject(model))
     assert check.status == PASS, check.line()
     assert "bit-exact against mlx-lm's plain forward over each root path padded" in check.detail

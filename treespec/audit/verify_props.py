@@ -11,7 +11,7 @@ from typing import List
 import mlx.core as mx
 
 from ..evidence import numerics
-from ..evidence.same_width import padded_rows
+from ..evidence.same_width import same_width_rows
 from ..errors import TreeRefused
 from ..tree import DraftTree
 from .records import FAIL, PASS, Check, Tally
@@ -138,6 +138,7 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
     w = window(model)
     tally = Tally(s.options)
     count = proven = 0
+    unproven = set()  # why a same-width reference proved nothing (treespec.evidence.same_width)
     for hist, hist_trees in trees.items():
         base = base_cache(s, hist, mode)
         for tree in hist_trees:
@@ -159,9 +160,11 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
             if not mx.array_equal(logits, refs).item():
                 # Proven where the rows equal the same root-path forwards at the
                 # verify's width (treespec.evidence.same_width), else judged.
-                same = padded_rows(model, base, tree)
+                same, why = same_width_rows(model, base, tree)
                 if same is not None and mx.array_equal(logits, same).item():
                     refs, proven = same, proven + 1
+                elif why:
+                    unproven.add(why)
             env = envelope(s, hist.offset, numerics.widths_of(tree, 2), mode)
             controls = _controls(model, base, tree, refs)
             for i in range(len(tree)):
@@ -169,6 +172,8 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
                               env=env, controls=controls)
     if tally.refused and tally.count:
         tally.note(f"{len(tally.refused)} trees refused ({tally.refused[0]})")
+    for why in sorted(unproven):
+        tally.note(f"judged against the envelope: {why}")
     if proven:
         tally.note(f"{proven} trees bit-exact against mlx-lm's plain forward over each root path "
                    "padded to the verify's width (their own widths differ on this backend)")

@@ -19,7 +19,9 @@ measures it op by op, on MLX alone, with seeded random inputs:
   alone, how the tree-aware recurrence runs a depth's nodes (and how per-node
   RoPE runs, with a vector of offsets);
 - ``steps``: one T=M call of a recurrent kernel or conv against M chained T=1
-  calls, the state carried (outputs and final state compared).
+  calls, the state carried (outputs and final state compared);
+- ``position`` (treespec.backend.census_position, its own rows): one row
+  placed at different indices of M-row calls of one M, among other rows.
 
 Rows are compared bit for bit; ``max_diff`` is the largest |difference| seen.
 The shapes are :data:`treespec.backend.census_shapes.DEFAULT_SPECS` or those
@@ -64,7 +66,8 @@ class Row:
     first_differs: the smallest M where some row differs from the row alone; None: identical
                    at every M measured
     max_diff:      the largest |difference| seen (0.0 where identical)
-    how:           "tokens", "batch" or "steps" (the module docstring)
+    how:           "tokens", "batch", "steps" (the module docstring) or "position"
+                   (treespec.backend.census_position)
     error:         the first line of what the op raised, if it could not run here
     """
 
@@ -382,12 +385,14 @@ def _checked_dtypes(dtypes) -> tuple:
 
 
 def census(model=None, dtypes: Optional[Sequence[str]] = None, widths: Sequence[int] = WIDTHS,
-           seed: int = 0) -> List[Row]:
+           seed: int = 0, measures: Optional[dict] = None) -> List[Row]:
     """Measure every op of the default shapes (``model=None``) or of
     ``model``'s own shapes, at ``dtypes`` (None: all three without a model,
     the model's own dtype with one) and every M of ``widths``, on
     ``mx.default_device()``. Inputs are seeded by ``seed`` and the row's
-    op, shape, how and dtype, so a census is reproducible."""
+    op, shape, how and dtype, so a census is reproducible. ``measures``: the
+    rows per op (default :data:`MEASURES`; the position rows:
+    treespec.backend.census_position)."""
     ws = _checked_widths(widths)
     if dtypes is None:
         dtypes = DTYPES if model is None else (model_dtype(model),)
@@ -395,7 +400,7 @@ def census(model=None, dtypes: Optional[Sequence[str]] = None, widths: Sequence[
     specs = DEFAULT_SPECS if model is None else model_specs(model)
     out = []
     for spec in specs:
-        for op, how, build in MEASURES[spec.op]:
+        for op, how, build in (MEASURES if measures is None else measures).get(spec.op, ()):
             for name in dtypes:
                 key = zlib.crc32(f"{op}|{spec.shape}|{how}|{name}".encode())
                 rng = np.random.default_rng([seed, key])
@@ -430,7 +435,12 @@ def row_width(rows: Sequence[Row], dtype: Optional[str] = None) -> Tuple[Optiona
     could not run. A tree of at most that many nodes verifies bit-identically
     to one-token steps on this backend, if the rest of the model is what the
     census measured. ``dtype``: that dtype's rows only (None: all)."""
-    used = [r for r in rows if row_invariant(r) and dtype in (None, r.dtype)]
+    return narrowest([r for r in rows if row_invariant(r) and dtype in (None, r.dtype)])
+
+
+def narrowest(used: Sequence[Row]) -> Tuple[Optional[int], List[Row]]:
+    """(the largest M up to which every row of ``used`` is identical, the
+    rows that set it): None for no rows, 0 where one could not run."""
     if not used:
         return None, []
 
@@ -440,8 +450,7 @@ def row_width(rows: Sequence[Row], dtype: Optional[str] = None) -> Tuple[Optiona
         return r.widths[-1] if r.first_differs is None else r.first_differs - 1
 
     width = min(cap(r) for r in used)
-    limiting = [r for r in used if cap(r) == width and (r.error or r.first_differs is not None)]
-    return width, limiting
+    return width, [r for r in used if cap(r) == width and (r.error or r.first_differs is not None)]
 
 
 def widths_text(widths: Sequence[int]) -> str:

@@ -12,6 +12,7 @@ from ..checkpoints import load_checkpoint
 from ..cli.process import prepare
 from . import blas
 from .census import census, format_table, row_width, summary, to_json, widths_text
+from .census_position import position_census, position_width
 from .census_shapes import model_dtype
 
 TF32 = "MLX_ENABLE_TF32"
@@ -49,13 +50,16 @@ def cmd_census(args) -> int:
         shapes = f"{args.model} ({getattr(model, 'model_type', '?')}, {model_dtype(model)})"
     t0 = time.perf_counter()
     rows = census(model, dtypes=args.dtypes, widths=args.widths)
+    rows += position_census(model, dtypes=args.dtypes, widths=args.widths)
     seconds = time.perf_counter() - t0
     b = backend()
     if args.json:
         print(json.dumps({"backend": b, "shapes": shapes, "rows": to_json(rows),
                           "summary": summary(rows), "seconds": round(seconds, 3),
                           "row_invariant_width": {d: row_width(rows, d)[0]
-                                                  for d in dict.fromkeys(r.dtype for r in rows)}}))
+                                                  for d in dict.fromkeys(r.dtype for r in rows)},
+                          "position_width": {d: position_width(rows, d)[0]
+                                             for d in dict.fromkeys(r.dtype for r in rows)}}))
     else:
         print(header(b, shapes, args.widths))
         print()
@@ -63,6 +67,7 @@ def cmd_census(args) -> int:
         print()
         print(f"{summary(rows)} ({len(rows)} rows in {seconds:.2f} s)")
         print(rows_line(rows))
+        print(position_line(rows))
     return 0
 
 
@@ -70,12 +75,28 @@ def rows_line(rows) -> str:
     """One line: per dtype, up to how many nodes the row-invariant verify
     (``--verify rows``) keeps every node's row bit-identical to one-token
     steps on this backend, and the first row that limits it."""
+    return "row-invariant verify (--verify rows): " + _per_dtype(rows, row_width, " nodes")
+
+
+def position_line(rows) -> str:
+    """One line: per dtype, up to which width a row's bits depend on the
+    call's width alone, not on its place in the call (the census's position
+    rows, treespec.backend.census_position), so that a reference forward at
+    the verify's width may prove a tree's rows (treespec.evidence.same_width);
+    and the first row that limits it."""
+    return ("rows by width alone, not place (same-width reference): "
+            + _per_dtype(rows, position_width, ""))
+
+
+def _per_dtype(rows, width_of, unit: str) -> str:
+    """Per dtype, "DTYPE up to N{unit} (the first limiting row)" from
+    ``width_of(rows, dtype)``, joined; "no row measured" where none is."""
     parts = []
     for d in dict.fromkeys(r.dtype for r in rows):
-        width, limiting = row_width(rows, d)
+        width, limiting = width_of(rows, d)
         if width is None:
             continue
         why = (f" ({limiting[0].op} {limiting[0].how} {limiting[0].shape}: "
                f"{limiting[0].error or limiting[0].verdict})" if limiting else "")
-        parts.append(f"{d} up to {width} nodes{why}")
-    return "row-invariant verify (--verify rows): " + ("; ".join(parts) or "no row measured")
+        parts.append(f"{d} up to {width}{unit}{why}")
+    return "; ".join(parts) or "no row measured"

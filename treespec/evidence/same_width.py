@@ -21,6 +21,22 @@ is ``bit-exact`` against it (the reference named in the detail), anything
 else is judged as before, against classic decoding and the envelope. It is
 never a reason to pass a difference, only to prove an equality.
 
+That argument needs more than a width dependence: the backend must give a
+row the bits of its width alone, wherever the row sits in the call and
+wherever its visible keys sit among masked ones. The verify lays node i at
+index i over keys scattered along the tree, the padded forward at depth(i)
+over contiguous keys; Debian's BLIS, for one, rounds a masked attention row
+by where its keys sit. The census's ``position`` rows
+(treespec.backend.census_position) measure that on the model's own shapes
+in its dtype: where any differs at a width up to the verify's (or up to
+16), :func:`position_reason` says so. That changes what a *difference*
+from the reference means (the backend's placement, not necessarily a
+defect: the rows are then judged against classic decoding and the envelope,
+and the verdict says why), never what an *equality* means: rows equal bit
+for bit to mlx-lm's own forward of the same root paths are proven on any
+backend, so the reference is built and compared there too
+(:func:`same_width_rows`).
+
 Not for a sliding-window ring that is wrapped or would wrap during the
 n-token forward (a plain multi-token forward on a wrapped ring puts it in
 time order, which neither classic decoding nor the verify does: the
@@ -28,18 +44,60 @@ reference there is one-token steps): None. A ring with room for the n
 tokens is an appending cache for this forward, and gets its reference.
 """
 
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
+
+from ..backend.census import widths_text
+from ..backend.census_position import position_census, position_width
+from ..backend.census_shapes import model_dtype, model_specs
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ..caches import leaves
 from ..tree import DraftTree
 from .controls import clone
 
-__all__ = ["PADDING", "padded_rows"]
+__all__ = ["PADDING", "padded_path", "padded_rows", "position_reason", "same_width_path",
+           "same_width_rows"]
 
 PADDING = 0  # the token after a root path; any token would do (the causal mask hides it)
+WIDEST = 16  # the position rows are measured at every width up to max(this, the verify's)
+
+_MEASURED: Dict[tuple, list] = {}  # (measure, the shapes, dtype, widest) -> position rows
+
+
+def position_reason(model, width: int, measure=position_census) -> Optional[str]:
+    """None where the census's position rows of ``model``'s own shapes, in
+    its dtype, are identical at every width up to max(``width``, 16); else
+    why a reference at the verify's width proves nothing here (the first row
+    that differs). Measured once per shapes, dtype and width in a process
+    (``measure``: treespec.backend.census_position.position_census)."""
+    widest = max(width, WIDEST)
+    dtype = model_dtype(model)
+    key = (measure, tuple((s.op, s.shape) for s in model_specs(model)), dtype, widest)
+    if key not in _MEASURED:
+        _MEASURED[key] = measure(model, widths=range(1, widest + 1))
+    cap, limiting = position_width(_MEASURED[key], dtype)
+    if cap is None or cap >= widest:
+        return None
+    row = limiting[0]
+    return (f"no same-width proof here: the census measures a row's bits depending on its place "
+            f"in the call ({row.op} {row.how} {row.dtype} {row.shape}: "
+            f"{row.error or row.verdict} of {widths_text(row.widths)})")
+
+
+def same_width_rows(model, before: Sequence, tree: DraftTree,
+                    measure=position_census) -> Tuple[Optional[mx.array], str]:
+    """(:func:`padded_rows`, the note a verdict carries where the node rows
+    differ from them): the note is "" where the census measures no position
+    dependence, else why a difference may be the backend's placement
+    (:func:`position_reason`); (None, why) where a sliding-window ring has no
+    room for the tree."""
+    rows = padded_rows(model, before, tree)
+    if rows is None:
+        return None, "no same-width reference: the sliding-window ring has no room for the tree"
+    return rows, position_reason(model, len(tree), measure) or ""
 
 
 def padded_rows(model, before: Sequence, tree: DraftTree) -> Optional[mx.array]:
@@ -47,8 +105,7 @@ def padded_rows(model, before: Sequence, tree: DraftTree) -> Optional[mx.array]:
     root path padded to the tree's n tokens, each from its own copy of
     ``before``; None where a sliding-window ring has no room for the n tokens."""
     n, rows = len(tree), []
-    if any(isinstance(c, RotatingKVCache) and c.offset + n > c.max_size
-           for _, c in leaves(before)):
+    if _no_room(before, n):
         return None
     for i in range(n):
         path = [tree.tokens[j] for j in tree.path_to(i)]
@@ -57,3 +114,42 @@ def padded_rows(model, before: Sequence, tree: DraftTree) -> Optional[mx.array]:
     out = mx.stack(rows)
     mx.eval(out)
     return out
+
+
+def _no_room(before: Sequence, n: int) -> bool:
+    return any(isinstance(c, RotatingKVCache) and c.offset + n > c.max_size
+               for _, c in leaves(before))
+
+
+def padded_path(model, before: Sequence, tree: DraftTree, path: Sequence[int]) -> Optional[list]:
+    """The rollback contract's reference at the verify's width: a copy of
+    ``before`` after mlx-lm's plain forward over the accepted ``path`` (node
+    indices, root first) padded to the tree's n tokens, the padding then
+    dropped by mlx-lm's own ``trim_prompt_cache``. It holds the path only,
+    its rows computed in an n-row forward as the verify computed them; the
+    causal mask kept the padding out of them. None where a cache cannot be
+    trimmed (a recurrent state: the padding would have moved it) or a
+    sliding-window ring has no room for the n tokens."""
+    if list(path) != tree.path_to(path[-1]):
+        raise ValueError(f"path must be a root path of the tree, got {list(path)}")
+    n = len(tree)
+    if _no_room(before, n):
+        return None
+    cache = clone(before)
+    tokens = [tree.tokens[i] for i in path]
+    mx.eval(model(mx.array(tokens + [PADDING] * (n - len(tokens)))[None], cache=cache))
+    if n > len(tokens) and not can_trim_prompt_cache(cache):
+        return None
+    trim_prompt_cache(cache, n - len(tokens))
+    return cache
+
+
+def same_width_path(model, before: Sequence, tree: DraftTree, path: Sequence[int],
+                    measure=position_census) -> Tuple[Optional[list], str]:
+    """(:func:`padded_path`, the note for a difference) as
+    :func:`same_width_rows`; (None, why) where a cache cannot drop the padding."""
+    cache = padded_path(model, before, tree, path)
+    if cache is None:
+        return None, ("no same-width reference: a cache cannot drop the padding (a recurrent "
+                      "state, or a sliding-window ring without room for the tree)")
+    return cache, position_reason(model, len(tree), measure) or ""
