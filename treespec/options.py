@@ -310,9 +310,6 @@ class DecodeOptions:
         if self.draft_model and self.draft_head:
             raise OptionError(f"{spell('draft_model', True)} and {spell('draft_head', True)}: "
                               "give one drafter, a draft model or a hidden-state head")
-        if self.draft_head and self.sampled:
-            raise OptionError(f"{spell('draft_head', True)} drafts greedily; at "
-                              f"{spell('temperature', self.temperature)} give a draft model")
         if not self.draft_model and not self.draft_head:
             raise OptionError(f"{spell.mode(mode)} needs a draft model ({spell('draft_model')})")
         if self.drafter:
@@ -340,9 +337,11 @@ class DecodeOptions:
             raise OptionError(f"{spell('block', self.block)} and {spell('budget', self.budget)} "
                               "both size the confidence tree; give one")
         if self.sampled:
+            which = (f"{spell('draft_head', True)}'s EAGLE-2 dynamic tree" if self.draft_head
+                     else "the confidence tree")
             raise OptionError(f"{spell.mode('tree')} at {spell('temperature', self.temperature)} "
                               f"needs a fixed shape ({spell('branching')} or "
-                              f"{spell('parents')}): the confidence tree drafts greedily")
+                              f"{spell('parents')}): {which} drafts greedily")
 
     def _check_batch_levels(self, spell):
         """``batch_levels`` changes how a fixed tree's levels of several fed

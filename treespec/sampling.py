@@ -15,7 +15,8 @@ Three pieces, each reusing what the greedy path already has:
   FixedTreeDrafter (cache management, ``_expand``, ``commit``) with its
   top-k children replaced by children drawn *without replacement* from the
   processed draft distribution ``q``; each round reports the ``q`` every
-  expanded node's children were drawn from.
+  expanded node's children were drawn from. ``SampledHeadDrafter``: the
+  same draws on a hidden-state head's chain or fixed tree.
 - ``decode_sampled``: the round loop of ``treespec.rounds.speculative``
   (same Stats, adapter verify/commit, drafter commit, exactness gate), with
   the greedy walk replaced by the sampled one; ``classic_sampled`` is the
@@ -41,7 +42,8 @@ import numpy as np
 
 from .checks import integer
 from .draft import DraftRound, FixedTreeDrafter
-from .errors import SamplingRefused
+from .draft.head import HeadDrafter, head_refusal
+from .errors import OptionError, SamplingRefused
 from .kv_options import DEFAULT as DEFAULT_KV
 from .options import DecodeOptions, KVOptions
 from .rounds import MODES, Loop, classic, speculative
@@ -57,7 +59,8 @@ from .sampling_rule import (
 from .stats import Result
 from .tree import DraftTree
 
-__all__ = ["DEFAULT_BRANCHING", "SampledChainDrafter", "SampledRound", "SampledTreeDrafter",
+__all__ = ["DEFAULT_BRANCHING", "SampledChainDrafter", "SampledHeadDrafter", "SampledRound",
+           "SampledTreeDrafter",
            "SamplingParams", "SamplingRefused", "classic_sampled", "decode_sampled",
            "make_sampled_drafter", "refuse_logits_processors", "sample_rows",
            "sample_without_replacement", "sampled_walk", "speculative_sampled", "streams",
@@ -78,7 +81,22 @@ class SampledRound(DraftRound):
     q: dict = None
 
 
-class SampledTreeDrafter(FixedTreeDrafter):
+class _Bound:
+    """A sampled drafter's law and draft stream, bound once per run."""
+
+    params: Optional[SamplingParams] = None
+    rng: Optional[np.random.Generator] = None
+
+    def bind(self, params: SamplingParams, rng: np.random.Generator):
+        self.params, self.rng = params, rng
+        return self
+
+    def _check_bound(self):
+        if self.params is None or self.rng is None:
+            raise ValueError("a sampled drafter needs bind(params, rng) before drafting")
+
+
+class SampledTreeDrafter(_Bound, FixedTreeDrafter):
     """FixedTreeDrafter whose children are drawn without replacement from
     the processed draft distribution instead of being its top-k.
 
@@ -101,13 +119,8 @@ class SampledTreeDrafter(FixedTreeDrafter):
     def _top_needed(self) -> int:
         return 0  # children are drawn from q, not the top-k
 
-    def bind(self, params: SamplingParams, rng: np.random.Generator):
-        self.params, self.rng = params, rng
-        return self
-
     def draft(self, root: int, limit: Optional[int] = None) -> SampledRound:
-        if self.params is None or self.rng is None:
-            raise ValueError("a sampled drafter needs bind(params, rng) before drafting")
+        self._check_bound()
         self._q, self._order = {}, {}
         rnd = super().draft(root, limit)
         return self._prune(rnd)
@@ -130,32 +143,37 @@ class SampledTreeDrafter(FixedTreeDrafter):
             return [(int(t), float(np.log(q[t]))) for t in self._order[node][:k]]
 
     def _prune(self, rnd: DraftRound) -> SampledRound:
-        """Drop nodes of draft probability 0 under their parent (slots past
-        the support of q) with their subtrees; attach to every kept node
-        with children the q they were drawn from."""
-        tree, fed = rnd.tree, rnd.fed
-        tokens, parents = tree.tokens, tree.parents
-        keep, new_index = [0], {0: 0}
-        for i in range(1, len(tree)):
-            par = parents[i]
-            if par in new_index and self._q[fed[par]][tokens[i]] > 0:
-                new_index[i] = len(keep)
-                keep.append(i)
-        if len(keep) == len(tree):
-            new_tree, new_fed = tree, list(fed)
-        else:
-            new_tree = DraftTree([tokens[i] for i in keep],
-                                 [-1] + [new_index[parents[i]] for i in keep[1:]])
-            new_fed = [fed[i] for i in keep]
-        has_kids = set(new_tree.parents[1:])
-        q = {j: self._q[new_fed[j]] for j in has_kids}
-        return SampledRound(new_tree, new_fed, rnd.offset, rnd.fed_tree, rnd.logprobs, q=q)
+        return pruned(rnd, lambda node: self._q[rnd.fed[node]])
 
     def describe(self):
         d = super().describe()
         d["kind"] = self.kind
         d["sampling"] = self.params.describe() if self.params else None
         return d
+
+
+def pruned(rnd: DraftRound, q_at) -> SampledRound:
+    """Drop nodes of draft probability 0 under their parent (slots past
+    the support of q) with their subtrees; attach to every kept node with
+    children the q they were drawn from (``q_at(node)``: the q node
+    ``node``'s children were drawn from)."""
+    tree, fed = rnd.tree, rnd.fed
+    tokens, parents = tree.tokens, tree.parents
+    keep, new_index = [0], {0: 0}
+    for i in range(1, len(tree)):
+        par = parents[i]
+        if par in new_index and q_at(par)[tokens[i]] > 0:
+            new_index[i] = len(keep)
+            keep.append(i)
+    if len(keep) == len(tree):
+        new_tree, new_fed = tree, list(fed)
+    else:
+        new_tree = DraftTree([tokens[i] for i in keep],
+                             [-1] + [new_index[parents[i]] for i in keep[1:]])
+        new_fed = [fed[i] for i in keep]
+    q = {j: q_at(keep[j]) for j in set(new_tree.parents[1:])}
+    return SampledRound(new_tree, new_fed, rnd.offset, rnd.fed_tree, rnd.logprobs,
+                        rnd.forwards, q=q)
 
 
 class SampledChainDrafter(SampledTreeDrafter):
@@ -179,6 +197,75 @@ class SampledChainDrafter(SampledTreeDrafter):
     def describe(self):
         return {"kind": self.kind, "block": self.block, "budget": self.block - 1,
                 "sampling": self.params.describe() if self.params else None}
+
+
+class SampledHeadDrafter(_Bound, HeadDrafter):
+    """A hidden-state head's chain or fixed tree (treespec.draft.head) with
+    each node's children drawn without replacement from the processed
+    head distribution ``q`` instead of its top-k: SampledTreeDrafter's
+    draws and pruning on the head's levels (one head forward per depth, as
+    greedy). ``q`` is over the target's vocabulary, as the head's logits
+    are: an EAGLE-3 head's reduced draft vocabulary gives its other tokens
+    logit -inf, so q = 0 there, which the rule allows (it never proposes
+    them; the target's mass on them goes to the residual). EAGLE-2's
+    dynamic tree ranks children greedily and is refused, as the
+    confidence tree is for a draft model."""
+
+    def __init__(self, head, mode: str = "chain", block: Optional[int] = None,
+                 branching=None, parents=None, params: Optional[SamplingParams] = None,
+                 rng: Optional[np.random.Generator] = None):
+        if mode == "tree" and branching is None and parents is None:
+            raise ValueError("a sampled head drafter needs a chain or a fixed shape (branching "
+                             "or parents): EAGLE-2's dynamic tree ranks its children greedily")
+        super().__init__(head, mode, block=block, branching=branching, parents=parents)
+        self.params, self.rng = params, rng
+
+    def draft(self, root: int, limit: Optional[int] = None) -> SampledRound:
+        self._check_bound()
+        rnd = super().draft(root, limit)
+        if len(rnd.tree) == 1:  # the root alone: no head forward, nothing drawn
+            return SampledRound(rnd.tree, rnd.fed, rnd.offset, rnd.fed_tree, q={})
+        return rnd
+
+    def _fixed_round(self, root, logits, hidden, budget) -> SampledRound:
+        """HeadDrafter._fixed_round's levels with drawn children: at each
+        level, every fed row's first ``k`` draws of one Gumbel-top-k order
+        of its q (past q's support, the q = 0 tokens, pruned before verify,
+        as SampledTreeDrafter pads); node i's token is draw ``rank`` of its
+        parent's row."""
+        n = budget + 1
+        plan = self.levels(n)
+        parents, depths = plan.topology.parents, plan.topology.depths()
+        tokens, q_of = [root] + [0] * (n - 1), {}
+        rows_cache, on_spine, forwards = self.cache, True, 1
+        for d, (source, fed_at, rows) in enumerate(plan.levels):
+            q = self.params.probs(logits)  # (rows, V), one per fed node of the previous level
+            order = sample_without_replacement(q, plan.k, self.rng)
+            for r in range(q.shape[0]):  # slots past the support: q = 0 tokens, pruned below
+                short = order[r] < 0
+                if short.any():
+                    order[r, short] = np.nonzero(q[r] == 0)[0][: int(short.sum())]
+            flat = order.reshape(-1)
+            nodes = [i for i in range(1, n) if depths[i] == d + 1]
+            for i, s in zip(nodes, np.array(source).tolist()):
+                tokens[i] = int(flat[s])
+                q_of[parents[i]] = q[s // plan.k]
+            if not rows:
+                break
+            fed = mx.array(flat[np.array(fed_at)], dtype=mx.int32)[:, None]
+            logits, hidden, rows_cache, on_spine = self._level_forward(
+                plan, d, fed, hidden, rows, rows_cache, on_spine)
+            forwards += 1
+        tree = plan.topology.with_tokens(tokens)
+        rnd = DraftRound(tree, [0] + [-1] * (n - 1), self._round_offset, DraftTree([root], [-1]),
+                         forwards=forwards)
+        return pruned(rnd, q_of.__getitem__)
+
+    def describe(self):
+        d = super().describe()
+        d["kind"] = f"sampled-{self.kind}"
+        d["sampling"] = self.params.describe() if self.params else None
+        return d
 
 
 def make_sampled_drafter(mode: str, block: int = 4, branching=None, parents=None):
@@ -259,7 +346,8 @@ def decode_sampled(target, prompt: Sequence[int], draft_model, options: DecodeOp
     ``make_sampler(temperature, top_p, min_p, min_tokens_to_keep, top_k)``
     on the target; the run is reproducible from ``options.seed`` (None: 0).
     ``loop``: how to run the rounds (treespec.rounds.Loop: eos_token_ids,
-    gate, adapters, on_round)."""
+    gate, adapters, on_round). With ``options.draft_head``, ``draft_model``
+    is a hidden-state head and the drafts are a SampledHeadDrafter's."""
     refuse_logits_processors(logits_processors)
     params = SamplingParams(options.temperature, options.top_k, options.top_p, options.min_p,
                             min_tokens_to_keep)
@@ -273,14 +361,25 @@ def decode_sampled(target, prompt: Sequence[int], draft_model, options: DecodeOp
                                loop.eos_token_ids, options.kv)
     if draft_model is None:
         raise ValueError(f"mode {mode!r} needs a draft model")
-    if drafter is None:
+    if options.draft_head:  # draft_model is a hidden-state head (treespec.draft.head)
+        why = head_refusal(draft_model, target)
+        if why is not None:
+            raise OptionError(f"draft_head: {why}")
+    if drafter is None and options.draft_head:
+        drafter = SampledHeadDrafter(draft_model, mode, block=options.resolved_block,
+                                     branching=options.branching, parents=options.parents)
+    elif drafter is None:
         drafter = make_sampled_drafter(mode, block=options.resolved_block,
                                        branching=options.branching, parents=options.parents)
-    elif not isinstance(drafter, SampledTreeDrafter):
+    elif not isinstance(drafter, (SampledTreeDrafter, SampledHeadDrafter)):
         raise ValueError(
             f"sampled decoding needs a sampled drafter (SampledChainDrafter / "
-            f"SampledTreeDrafter), got a {drafter.kind!r} drafter, whose greedy drafts "
-            "carry no draft distribution to verify against")
-    elif mode == "chain" and not isinstance(drafter, SampledChainDrafter):
+            f"SampledTreeDrafter / SampledHeadDrafter), got a {drafter.kind!r} drafter, whose "
+            "greedy drafts carry no draft distribution to verify against")
+    elif drafter.reads_hidden != bool(options.draft_head) or (
+            drafter.reads_hidden and drafter.head is not draft_model):
+        raise OptionError("draft_head: a SampledHeadDrafter drafts from its own head, given as "
+                         "draft_head; a draft model's drafter takes no head")
+    if mode == "chain" and drafter.kind not in ("chain", "sampled-chain"):
         raise ValueError(f"mode 'chain' got a {drafter.kind!r} drafter; ask for mode 'tree'")
     return speculative_sampled(target, draft_model, prompt, drafter, params, options, loop)

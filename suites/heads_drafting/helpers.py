@@ -10,6 +10,7 @@ import numpy as np
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
+from treespec.audit.head_props import HeadStateRecorder as Recorder, state_difference
 from treespec.draft.head import HeadDrafter
 from treespec.heads.base import FINAL
 
@@ -71,55 +72,22 @@ def reference_features(target, tokens: Sequence[int], taps) -> mx.array:
     return mx.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
 
 
-def cache_rows(cache) -> list:
-    """The keys and values a head's cache holds, copied to numpy (None
-    for a cache nothing was written to)."""
-    return [(np.array(c.keys[..., :c.offset, :]), np.array(c.values[..., :c.offset, :]))
-            if c.keys is not None else None for c in cache]
-
-
-class Recorder:
-    """``on_round``: after every commit, what the head drafter holds (its
-    cache rows, its queued tokens and features), copied."""
-
-    def __init__(self, drafter: HeadDrafter):
-        self.drafter, self.rounds, self.emitted = drafter, [], []
-
-    def __call__(self, rnd, walk):
-        d = self.drafter
-        self.rounds.append((cache_rows(d.cache), list(d.pending),
-                            np.array(d._pending_features), len(self.emitted)))
-        self.emitted += list(walk.emitted)
-
-
 def check_against_fresh_head(head, target, prompt, recorder: Recorder, atol: float):
     """Every round's head state against an independent recomputation: the
     accepted text's features from a plain forward of the target
-    (``reference_features``), a fresh head cache fed them with the text's
-    next tokens in one forward. After round r (e tokens emitted before it):
-    the cache holds the pairs (text[t + 1], features[t]) for t < L, its
-    offset L; the queue holds the tokens text[L + 1 ..] of the committed
-    text and the features of positions L .. (one more than tokens: the
-    last pairs with the next root). AssertionError naming the round."""
+    (``reference_features``, read off mlx-lm's modules), a fresh head cache
+    fed them with the text's next tokens in one forward. After round r (e
+    tokens emitted before it): the cache holds the pairs (text[t + 1],
+    features[t]) for t < L, its offset L; the queue holds the tokens
+    text[L + 1 ..] of the committed text and the features of positions L ..
+    (one more than tokens: the last pairs with the next root). The
+    comparison is the audit's head-state row's (treespec.audit.head_props),
+    here with this suite's own reference features. AssertionError naming
+    the round."""
     text = list(prompt) + recorder.emitted
     feats = reference_features(target, text, head.taps)
-    for r, (rows, pending, pfeats, _) in enumerate(recorder.rounds):
-        length = 0 if rows[0] is None else rows[0][0].shape[2]
-        fresh = head.make_cache()
-        if length:
-            head(mx.array(text[1:length + 1])[None], feats[:, :length], fresh)
-        for got, want in zip(rows, cache_rows(fresh)):
-            if got is None or want is None:
-                assert got is None and want is None, f"round {r}: one cache is empty"
-                continue
-            (k, v), (rk, rv) = got, want
-            assert k.shape == rk.shape, f"round {r}: head cache {k.shape}, fresh head {rk.shape}"
-            np.testing.assert_allclose(k, rk, atol=atol, rtol=0, err_msg=f"round {r}: keys")
-            np.testing.assert_allclose(v, rv, atol=atol, rtol=0, err_msg=f"round {r}: values")
-        n = pfeats.shape[1]
-        assert pending == text[length + 1:length + n], f"round {r}: queued tokens"
-        np.testing.assert_allclose(pfeats, np.array(feats[:, length:length + n]), atol=atol,
-                                   rtol=0, err_msg=f"round {r}: queued features")
+    first, _, _ = state_difference(head, text, feats, recorder.rounds, atol)
+    assert first is None, first["message"]
 
 
 # -- planted defects (passed in as drafters, never patched in) -------------

@@ -156,6 +156,50 @@ def test_text_is_classic_decodings_with_a_head_drafting(which, mode):
         assert result.stats.proposed > 0 and result.stats.mode == MODES[mode]["mode"]
 
 
+# Temperature > 0 draws the chain and fixed trees' children from the head's q
+# (treespec.sampling.SampledHeadDrafter); the dynamic tree drafts greedily.
+SAMPLED = [m for m in sorted(MODES) if not m.startswith("dynamic")]
+
+
+@pytest.mark.parametrize("mode", SAMPLED)
+@pytest.mark.parametrize("which", TARGETS)
+def test_sampling_at_top_k_1_with_a_head_is_greedy_decoding(which, mode):
+    """top_k = 1 leaves one token in p and in the head's q: the sampled
+    rule must emit classic greedy decoding's tokens, for every head layout
+    (the EAGLE-3 heads' q is 0 outside their reduced draft vocabulary).
+    The law at full temperature: suites/sampling/test_model.py."""
+    target, head, prompt = _loaded(which)
+    classic = decode(target, prompt, max_tokens=12)
+    result = decode(target, prompt, max_tokens=12, draft_head=head, temperature=0.7, top_k=1,
+                    seed=0, gate=False, **MODES[mode])
+    assert result.tokens == classic.tokens
+    assert result.stats.proposed > 0
+
+
+@pytest.mark.parametrize("which", ["pair-eagle3", "llama-eagle3"])
+def test_an_eagle3_heads_q_lies_in_its_draft_vocabulary(which):
+    """Every expanded node's q is a distribution over the target's
+    vocabulary that is 0 off the target ids the head's d2t reaches
+    (``arange + d2t``, read from its checkpoint), and the node's children
+    are distinct tokens it draws, q > 0."""
+    target, head, prompt = _loaded(which)
+    reach = np.zeros(head.vocab_size, dtype=bool)
+    reach[np.array(head.target_ids())] = True
+    seen = []
+
+    def on_round(rnd, walk):
+        for node, q in rnd.q.items():
+            kids = [rnd.tree.tokens[c] for c in rnd.tree.children(node)]
+            seen.append(node)
+            assert q.shape == (head.vocab_size,) and abs(q.sum() - 1) < 1e-9
+            assert not q[~reach].any(), f"q > 0 off the draft vocabulary at node {node}"
+            assert len(set(kids)) == len(kids) and all(q[k] > 0 for k in kids)
+
+    decode(target, prompt, mode="tree", branching=[2, 2], max_tokens=12, draft_head=head,
+           temperature=1.0, seed=0, gate=False, on_round=on_round)
+    assert seen
+
+
 @pytest.mark.parametrize("prompt,shape", [
     ([9], dict(mode="chain", block=3)),
     ([9], dict(mode="tree", budget=4, width=2)),
@@ -248,14 +292,18 @@ def test_a_head_that_does_not_fit_the_target_is_refused_naming_draft_head(zoo_ll
 # -- the command line ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model,head,shape", [
-    (None, "pair-eagle3", ["--mode", "tree", "--budget", "5", "--width", "2"]),
-    ("qwen3_5", "mtp", ["--mode", "chain"]),
-], ids=["pair-eagle3-dynamic", "qwen3_5-own-mtp-chain"])
-def test_generate_with_draft_head_prints_classic_decodings_text(capsys, model, head, shape):
+@pytest.mark.parametrize("model,head,shape,kind", [
+    (None, "pair-eagle3", ["--mode", "tree", "--budget", "5", "--width", "2"], "dynamic"),
+    ("qwen3_5", "mtp", ["--mode", "chain"], "chain"),
+    # sampled: top-k 1 leaves the target one token, so the text is still classic's
+    (None, "pair-eagle3", ["--mode", "tree", "--tree-branching", "2,1", "--temp", "0.7",
+                           "--top-k", "1", "--seed", "3"], "sampled-fixed"),
+], ids=["pair-eagle3-dynamic", "qwen3_5-own-mtp-chain", "pair-eagle3-sampled-tree"])
+def test_generate_with_draft_head_prints_classic_decodings_text(capsys, model, head, shape, kind):
     """``treespec generate --draft-head DIR`` (the pair's shipped EAGLE-3
-    head) and ``--draft-head mtp`` (a checkpoint's own MTP module): the text
-    and tokens are ``--mode classic``'s, and the diagnostics name the head."""
+    head) and ``--draft-head mtp`` (a checkpoint's own MTP module), greedy
+    or sampled (``--temp``): the text and tokens are ``--mode classic``'s,
+    and the diagnostics name the head."""
     target_dir = default_pair()[0] if model is None else zoo.mtp_checkpoint(model)
     spec = str(PAIR_DIR / "head-eagle3") if head == "pair-eagle3" else head
     common = ["generate", "--model", str(target_dir), "-m", "12", "--json", "-p", "def f(x):"]
@@ -265,13 +313,12 @@ def test_generate_with_draft_head_prints_classic_decodings_text(capsys, model, h
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == classic["tokens"] and out["text"] == classic["text"]
     assert out["diagnostics"]["draft_head"] == spec
-    assert out["diagnostics"]["requested"]["kind"] == ("dynamic" if "--budget" in shape
-                                                        else "chain")
+    assert out["diagnostics"]["requested"]["kind"] == kind
 
 
 @pytest.mark.parametrize("flags,message", [
     (["--draft-model", "x"], "--draft-model and --draft-head: give one drafter"),
-    (["--temp", "0.5"], "--draft-head drafts greedily"),
+    (["--temp", "0.5", "--mode", "tree"], "--draft-head's EAGLE-2 dynamic tree drafts greedily"),
     (["--mode", "classic"], "--draft-head acts only in chain or tree decoding"),
     (["--mode", "tree", "--tree-branching", "2,1", "--batch-levels"],
      "--batch-levels with --draft-head"),

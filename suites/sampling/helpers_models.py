@@ -3,7 +3,10 @@
 Built directly from ``mlx_lm.models.llama`` with seeded numpy weights (the
 zoo's models have vocabulary 384: far too many cells for a chi-square over
 two-token texts). The draft is the target with seeded noise on every
-matrix, so drafts are often but not always accepted."""
+matrix, so drafts are often but not always accepted. ``head`` is a
+hidden-state head around that draft (treespec.heads.base's contract, fed
+the target's final hidden state), optionally with a reduced vocabulary as
+an EAGLE-3 head's ``d2t`` gives it: logits -inf, so q = 0, outside it."""
 
 from functools import lru_cache
 
@@ -12,8 +15,13 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
+from suites.heads_drafting.helpers import DraftModelHead
+
 VOCAB = 12
 PROMPT = [1, 7, 3]
+# The reduced draft vocabulary: half the tokens, among them ones the
+# target often emits, so the rule's residual must supply their mass.
+DRAFT_VOCAB = (0, 2, 3, 5, 7, 8)
 
 
 def _args():
@@ -53,3 +61,34 @@ def target():
 @lru_cache(maxsize=None)
 def draft():
     return _build(0.35)
+
+
+class PairHead(DraftModelHead):
+    """DraftModelHead read out through the draft's own ``lm_head`` (this
+    pair's embeddings are not tied: read through them the logits would be
+    so wide that q is all but one-hot, and a wrong q would go unseen)."""
+
+    def __call__(self, tokens, features, cache=None, own=False):
+        inner = self.draft.model
+        x = inner.embed_tokens(tokens) + features @ (self.fc_own if own else self.fc_target)
+        hidden = inner(tokens, cache=cache, input_embeddings=x)
+        return self.draft.lm_head(hidden), hidden
+
+
+class ReducedVocabHead(PairHead):
+    """The head with EAGLE-3's reduced draft vocabulary: its logits over the
+    target's vocabulary are -inf outside ``DRAFT_VOCAB`` (what
+    treespec.heads.eagle3's ``full_logits`` gives a token d2t does not
+    reach)."""
+
+    def __call__(self, tokens, features, cache=None, own=False):
+        logits, hidden = super().__call__(tokens, features, cache, own)
+        outside = np.full(VOCAB, -np.inf, dtype=np.float32)
+        outside[list(DRAFT_VOCAB)] = 0.0
+        return logits + mx.array(outside), hidden
+
+
+@lru_cache(maxsize=None)
+def head(reduced: bool = False):
+    cls = ReducedVocabHead if reduced else PairHead
+    return cls(draft(), _args().hidden_size)

@@ -1,6 +1,7 @@
 """Model level: decode_sampled on a real mlx-lm llama (vocabulary 12)
 emits its first two tokens with the target's law, in chain and tree mode,
-through the real drafter, tree verify and cache commits.
+through the real drafter (a draft model, or a hidden-state head), tree
+verify and cache commits.
 
 Each law test runs ``decode_sampled`` from seeds 0..SEEDS-1 with
 max_tokens = 4 (so the first round's tree is the branching's first 4 nodes:
@@ -20,10 +21,12 @@ from suites.sampling.helpers_stats import gof
 from suites.sampling.helpers import ALPHA
 from treespec.decoding import decode
 from treespec.draft import ChainDrafter
+from treespec.draft.head import HeadDrafter
 from treespec.options import DecodeOptions
 from treespec.rounds import Loop
 from treespec.sampling import (
     SampledChainDrafter,
+    SampledHeadDrafter,
     SampledTreeDrafter,
     SamplingParams,
     SamplingRefused,
@@ -40,6 +43,13 @@ CASES = {
     "chain-b3-T1": dict(mode="chain", block=3, sampling=dict(temperature=1.0)),
     "tree-2x2-T0.8-k8-p0.95": dict(mode="tree", branching=(2, 2),
                                    sampling=dict(temperature=0.8, top_k=8, top_p=0.95)),
+    # A hidden-state head drafting (treespec.sampling.SampledHeadDrafter), its
+    # q the same processed distribution: one with EAGLE-3's reduced draft
+    # vocabulary (q = 0 on half the tokens, which the residual must supply).
+    "head-reduced-chain-b3-T1": dict(mode="chain", block=3, head="reduced",
+                                     sampling=dict(temperature=1.0)),
+    "head-tree-2x2-T0.8-k8-p0.95": dict(mode="tree", branching=(2, 2), head="plain",
+                                        sampling=dict(temperature=0.8, top_k=8, top_p=0.95)),
 }
 
 
@@ -55,14 +65,16 @@ def exact_two_token_law(sampling):
 @pytest.mark.parametrize("case", CASES)
 def test_first_two_tokens_have_the_targets_law(case):
     cfg = dict(CASES[case])
-    sampling = cfg.pop("sampling")
+    sampling, head = cfg.pop("sampling"), cfg.pop("head", None)
     law = exact_two_token_law(sampling)
     counts = np.zeros((V, V))
-    target, draft = models.target(), models.draft()
+    target = models.target()
+    draft = models.draft() if head is None else models.head(reduced=head == "reduced")
     accepted = 0
     for seed in range(SEEDS):
         r = decode_sampled(target, models.PROMPT, draft,
-                           DecodeOptions(seed=seed, max_tokens=4, **sampling, **cfg),
+                           DecodeOptions(seed=seed, max_tokens=4, draft_head=head is not None,
+                                         **sampling, **cfg),
                            Loop(gate=seed == 0))
         counts[r.tokens[0], r.tokens[1]] += 1
         accepted += r.stats.accepted
@@ -86,14 +98,21 @@ def test_a_run_is_reproducible_from_its_seed():
     assert c == decode_sampled(t, models.PROMPT, d, plain).tokens
 
 
+DRAFTERS = {"draft model": models.draft, "head": models.head,
+            "reduced-vocabulary head": lambda: models.head(reduced=True)}
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("mode,kw", [("chain", dict(block=4)), ("tree", dict(branching=(3, 2)))])
-def test_top_k_1_sampling_is_greedy_decoding(mode, kw):
+def test_top_k_1_sampling_is_greedy_decoding(mode, kw, drafter):
     """top_k = 1 leaves one token in p and in q: speculative sampling must
     then emit exactly classic greedy decoding's tokens."""
-    t, d = models.target(), models.draft()
+    t, d = models.target(), DRAFTERS[drafter]()
     greedy = decode(t, models.PROMPT, mode="classic", max_tokens=20).tokens
     got = decode_sampled(t, models.PROMPT, d, DecodeOptions(temperature=0.9, top_k=1, seed=3,
-                                                            mode=mode, max_tokens=20, **kw),
+                                                            mode=mode, max_tokens=20,
+                                                            draft_head=drafter != "draft model",
+                                                            **kw),
                          Loop(gate=False))
     assert got.tokens == greedy
     # One token of draft probability > 0 per node: the tree is pruned to a chain.
@@ -135,3 +154,10 @@ def test_refusals_name_the_problem():
         decode_sampled(t, models.PROMPT, d, chain, drafter=SampledTreeDrafter(branching=(2,)))
     with pytest.raises(ValueError, match="needs bind"):
         SampledChainDrafter(3).draft(1)
+    head = models.head()
+    with pytest.raises(ValueError, match="dynamic tree ranks its children greedily"):
+        SampledHeadDrafter(head, "tree")
+    with pytest.raises(ValueError, match="sampled drafter"):
+        decode_sampled(t, models.PROMPT, head, DecodeOptions(mode="chain", temperature=1.0,
+                                                             draft_head=True),
+                       drafter=HeadDrafter(head))

@@ -8,20 +8,23 @@ from ..distributed import flags as sharding_flags, group as dist, shard
 from ..errors import OptionError, UsageError
 from ..cli.process import prepare
 from .records import Options
-from .runner import PROPERTIES, format_report, run
+from .runner import HEAD_PROPERTIES, PROPERTIES, format_report, run
 from .subject import subject
 
 
 def cmd_audit(args) -> int:
     prepare()
-    props = PROPERTIES
+    props = None  # every property (the head's too with --draft-head)
     if args.context < 0:
         raise UsageError(f"--context: must be 0 (off) or a number of tokens, got {args.context}")
     if args.only:
         props = [p.strip() for p in args.only.split(",") if p.strip()]
-        unknown = [p for p in props if p not in PROPERTIES]
+        known = PROPERTIES + HEAD_PROPERTIES
+        unknown = [p for p in props if p not in known]
         if unknown:
-            raise UsageError(f"--only: unknown properties {unknown}; known: {', '.join(PROPERTIES)}")
+            raise UsageError(f"--only: unknown properties {unknown}; known: {', '.join(known)}")
+        if args.draft_head is None and any(p in HEAD_PROPERTIES for p in props):
+            raise UsageError("--only head-state: the head's state needs --draft-head")
     options = Options(block=args.block, draws=args.draws, seed=args.seed,
                       allow_inexact=args.allow_inexact, tolerance=args.tolerance,
                       max_tokens=args.max_tokens, context=args.context,

@@ -15,6 +15,7 @@ from ..errors import TreeRefused
 from ..evidence.gate import configuration
 from .attribution import attributed, mlx_lm_failure
 from .e2e_props import check_e2e, drafter_note
+from .head_props import check_head_state
 from .long_props import check_long_context
 from .probe_props import check_envelope, check_probe
 from .records import FAIL, INCONCLUSIVE, SKIP, Check, Options, Report
@@ -37,6 +38,9 @@ PROPERTIES = (
     "probe",
     "long-context",
 )
+# With --draft-head, after the others: the head's state after every round
+# (treespec.audit.head_props); without a head there is nothing to compare.
+HEAD_PROPERTIES = ("head-state",)
 
 
 def _per_mode(fn):
@@ -83,14 +87,22 @@ CHECKS = {
     "envelope": check_envelope,
     "probe": check_probe,
     "long-context": check_long_context,
+    "head-state": check_head_state,
 }
-NEEDS_ADAPTER = {"linear-verify", "tree-verify", "rollback", "e2e", "envelope", "probe", "long-context"}
+NEEDS_ADAPTER = {"linear-verify", "tree-verify", "rollback", "e2e", "envelope", "probe", "long-context",
+                 "head-state"}
+
+
+def properties_for(s: Subject) -> tuple:
+    """What a full audit of ``s`` runs: every property, and the head's with a head."""
+    return PROPERTIES + (HEAD_PROPERTIES if s.draft_head is not None else ())
 
 
 def check(prop: str, s: Subject) -> List[Check]:
     """Run one property; its rows. A crash is a failure of that property."""
     if prop not in CHECKS:
-        raise ValueError(f"unknown property {prop!r}; known: {', '.join(PROPERTIES)}")
+        raise ValueError(f"unknown property {prop!r}; known: "
+                         f"{', '.join(PROPERTIES + HEAD_PROPERTIES)}")
     t0 = time.perf_counter()
     if prop in NEEDS_ADAPTER:
         try:
@@ -144,8 +156,10 @@ def backend_census(s: Subject) -> dict:
     return {"rows": to_json(rows), "summary": summary(rows)}
 
 
-def run(s: Subject, properties: Sequence[str] = PROPERTIES) -> Report:
+def run(s: Subject, properties: Optional[Sequence[str]] = None) -> Report:
+    """The properties given, default ``properties_for(s)``."""
     t0 = time.perf_counter()
+    properties = properties_for(s) if properties is None else properties
     checks = []
     for prop in properties:
         checks += check(prop, s)

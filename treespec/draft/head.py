@@ -219,11 +219,15 @@ class HeadDrafter(Drafter):
             return dynamic_round(self, root, logits, hidden, budget)
         return self._fixed_round(root, logits, hidden, budget)
 
-    def _fixed_round(self, root, logits, hidden, budget) -> DeviceRound:
-        n = budget + 1
+    def levels(self, n: int) -> _Levels:
+        """The first ``n`` nodes of the shape, level by level (built once)."""
         if n not in self._levels:
             self._levels[n] = _Levels(self.shape[:n])
-        plan = self._levels[n]
+        return self._levels[n]
+
+    def _fixed_round(self, root, logits, hidden, budget) -> DeviceRound:
+        n = budget + 1
+        plan = self.levels(n)
         rows_cache, on_spine, drafted, forwards = self.cache, True, [], 1
         for d, (source, fed_at, rows) in enumerate(plan.levels):
             ids = (mx.argmax(logits, axis=-1, keepdims=True) if plan.k == 1
@@ -231,18 +235,27 @@ class HeadDrafter(Drafter):
             drafted.append(mx.take(ids, source))
             if not rows:
                 break
-            tokens = mx.take(ids, fed_at)[:, None]
-            feats = (hidden if len(rows) == 1 and hidden.shape[0] == 1
-                     else mx.take(hidden, mx.array(rows, dtype=mx.int32), axis=0))[:, None]
-            on_spine = on_spine and plan.spine[d]
-            if not on_spine:  # batch rows, each over a copy of its parent's row
-                rows_cache = caches.fork(rows_cache, rows)
-            logits, hidden = self.head(tokens, feats, rows_cache, own=True)
-            logits, hidden = logits[:, -1], hidden[:, -1]
+            logits, hidden, rows_cache, on_spine = self._level_forward(
+                plan, d, mx.take(ids, fed_at)[:, None], hidden, rows, rows_cache, on_spine)
             forwards += 1
         drafts = mx.take(mx.concatenate(drafted) if len(drafted) > 1 else drafted[0], plan.order)
         fed = [0] + [-1] * (n - 1)
         return DeviceRound(root, plan.topology, drafts, fed, self._round_offset, forwards)
+
+    def _level_forward(self, plan, d: int, tokens: mx.array, hidden: mx.array, rows: list,
+                       rows_cache, on_spine: bool):
+        """One head forward over level ``d``'s fed nodes (``tokens``, (m, 1)),
+        each reading the features of its parent's row ``rows[i]`` of
+        ``hidden``: over the head's own cache while the levels are a spine,
+        else over batch-row copies of the parents' rows. Returns (logits,
+        hidden, the cache the next level reads, still on the spine)."""
+        feats = (hidden if len(rows) == 1 and hidden.shape[0] == 1
+                 else mx.take(hidden, mx.array(rows, dtype=mx.int32), axis=0))[:, None]
+        on_spine = on_spine and plan.spine[d]
+        if not on_spine:  # batch rows, each over a copy of its parent's row
+            rows_cache = caches.fork(rows_cache, rows)
+        logits, hidden = self.head(tokens, feats, rows_cache, own=True)
+        return logits[:, -1], hidden[:, -1], rows_cache, on_spine
 
     def roll_back(self):
         """The head's cache back to the round's root pair (its drafts out)."""
