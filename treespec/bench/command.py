@@ -143,14 +143,16 @@ def cmd_bench(args) -> int:
         say(format_curve(curve, f"target, {time.perf_counter() - t0:.1f}s"))
         report_extra["verify_curve"] = curve
 
-    if "rows" in args.verify:
+    for mode in args.verify:
+        if mode == "flat":
+            continue
         try:
-            rows = adapter_for(target, rows=True)
+            adapter = adapter_for(target, rows=True, kernels=mode == "kernels")
         except TreeRefused as e:
-            raise UsageError(f"--verify rows: {e}")
+            raise UsageError(f"--verify {mode}: {e}")
         for c in configs:
-            if c.verify == "rows":
-                c.adapter = rows
+            if c.verify == mode:
+                c.adapter = adapter
     if args.batch_levels:
         why = batch_levels_refusal(draft, KVOptions(), Spelling({}))
         if why is not None:

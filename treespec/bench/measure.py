@@ -63,7 +63,7 @@ from ..evidence.gate import (
     worst_diff,
 )
 from ..options import wide_depth
-from ..verify import ROW_ADAPTER
+from ..verify import MEMO_NAMES
 
 
 
@@ -85,8 +85,7 @@ class Config:
     # Tests substitute a runner: (target, draft, prompt, max_tokens, eos) -> Run.
     runner: Optional[Callable] = None
     shapes: Optional[list] = None  # probe shapes override (tests)
-    # "rows": the row-invariant verify (treespec.verify.row_invariant), whose
-    # adapter the bench sets once the target is built
+    # "rows"/"kernels": treespec.verify.row_invariant's adapters, set once the target is built
     verify: str = "flat"
     adapter: Any = None
     draft_prefill = True  # the draft model prefills the prompt (a head does not)
@@ -148,11 +147,12 @@ def build_configs(blocks: Sequence[int], trees: Sequence[tuple] = FIXED_TREES, w
     injection and as batch rows ("... rows"), side by side. ``verify``: the
     verify modes of every chain, fixed and confidence row ("flat", the tree
     adapter's one forward; "rows", the row-invariant verify, named
-    "... [rows]"), side by side in that order."""
+    "... [rows]"; "kernels", that verify with the row kernels, "... [kernels]"),
+    side by side in that order."""
     flat = _configs(blocks, trees, width, confidence, batch_levels)
     configs = [flat[0]]
     for v in verify:
-        configs += [c if v == "flat" else replace(c, name=f"{c.name} [rows]", verify="rows")
+        configs += [c if v == "flat" else replace(c, name=f"{c.name} [{v}]", verify=v)
                     for c in flat[1:]]
     if mlx_lm:
         configs += [Config(f"mlx-lm b={b}", "mlx-lm", block=b, budget=b - 1) for b in blocks]
@@ -261,7 +261,8 @@ def _run_config(cfg: Config, target, draft, prompt, max_tokens, eos) -> Run:
     t0 = time.perf_counter()
     # The gate ran (and passed) before the timed runs; decode's own gate would
     # hash the weights on every call, inside the timing.
-    rows = {"adapter": cfg.adapter, "adapter_name": ROW_ADAPTER} if cfg.verify == "rows" else {}
+    rows = {"adapter": cfg.adapter, "adapter_name": MEMO_NAMES[cfg.verify]} \
+        if cfg.verify != "flat" else {}
     drafting = cfg.draft_kwargs(draft) if kw["mode"] != "classic" else {}
     result = decode(target, prompt, max_tokens=max_tokens, eos_token_ids=eos, gate=False,
                     **kw, **rows, **drafting)
@@ -410,7 +411,7 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
             skip(c, "probed")
             continue
         t0 = time.perf_counter()
-        rows_kw = {"adapter": c.adapter} if c.verify == "rows" else {}
+        rows_kw = {"adapter": c.adapter} if c.verify != "flat" else {}
         d = decide(target, c.probe_shapes(), allow_inexact=allow_inexact, **rows_kw)
         rows[c.name]["probe"] = {"run": d.run, "exact": d.exact, "reason": d.reason,
                                  "seconds": time.perf_counter() - t0}

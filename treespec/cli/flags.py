@@ -78,15 +78,15 @@ def parse_dims(text: str) -> Tuple[int, int]:
     return hidden, layers
 
 
-VERIFY_MODES = ("flat", "rows")
+VERIFY_MODES = ("flat", "rows", "kernels")
 
 
 def parse_verify(text: str) -> Tuple[str, ...]:
-    """``flat``, ``rows`` or a comma list of both: the verify modes
+    """``flat``, ``rows``, ``kernels`` or a comma list: the verify modes
     (treespec.verify.row_invariant), each once, in the order given."""
     modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
     bad = [m for m in modes if m not in VERIFY_MODES]
     if not modes or bad:
         raise argparse.ArgumentTypeError(
-            f"expected {' or '.join(VERIFY_MODES)} (or a comma list), got {text!r}")
+            f"expected {', '.join(VERIFY_MODES)} (or a comma list), got {text!r}")
     return modes

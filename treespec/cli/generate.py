@@ -25,7 +25,7 @@ from .generate_args import chosen as auto_options, decode_kwargs
 from ..models import PositionWarning
 from .process import prepare
 from .startup import settings
-from ..verify import ROW_ADAPTER, adapter_for
+from ..verify import MEMO_NAMES, adapter_for
 from .rows import rows_cap
 
 
@@ -158,12 +158,21 @@ def cmd_generate(args) -> int:
                         tokenizer=tokenizer)
         options = auto_options(options, auto_kwargs(chosen))
     kwargs = decode_kwargs(options)
-    if args.verify == "rows":
+    if args.verify != "flat":
         try:
-            kwargs.update(adapter=adapter_for(target, rows=True), adapter_name=ROW_ADAPTER)
+            kwargs.update(adapter=adapter_for(target, rows=True, kernels=args.verify == "kernels"),
+                          adapter_name=MEMO_NAMES[args.verify])
         except TreeRefused as e:
-            raise UsageError(f"--verify rows: {e}")
-        cap = rows_cap(target, options.draft_nodes(), options.allow_inexact)
+            raise UsageError(f"--verify {args.verify}: {e}")
+        # The census's linear rows are MLX's; the row kernels' are not capped by
+        # them (the gate measures the verify at each round's width either way).
+        cap = None if args.verify == "kernels" else \
+            rows_cap(target, options.draft_nodes(), options.allow_inexact)
+        left = kwargs["adapter"].covered() if args.verify == "kernels" else []
+        if left and say:
+            print(f"note: --verify kernels: {len(left)} linear layers run through MLX's own "
+                  f"kernels ({left[0][0]}: {left[0][1]}); the gate measures them",
+                  file=sys.stderr)
         if cap is not None:
             kwargs["max_nodes"], why = cap
             if say:

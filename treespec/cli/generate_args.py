@@ -26,7 +26,7 @@ from typing import List
 
 from ..errors import OptionError, UsageError
 from ..distributed import flags as sharding_flags
-from .flags import ints
+from .flags import VERIFY_MODES, ints
 from .startup import add_device_flag
 from ..options import DEFAULT_BLOCK, MAX_DRAFT_NODES, DecodeOptions, KVOptions, Spelling
 
@@ -115,11 +115,12 @@ def add_parser(sub):
                    "mlx-lm's)")
     g.add_argument("--allow-inexact", action="store_true",
                    help="run chain/tree even where the exactness probe found differences")
-    g.add_argument("--verify", choices=("flat", "rows"), default="flat",
+    g.add_argument("--verify", choices=VERIFY_MODES, default="flat",
                    help="how the target verifies a round: flat (one forward over the flattened "
-                   "tree, default) or rows (the row-invariant verify: every node's attention "
+                   "tree, default), rows (the row-invariant verify: every node's attention "
                    "over exactly its own keys, what a one-token step computes; "
-                   "docs/verify.md#the-row-invariant-verify)")
+                   "docs/verify.md#the-row-invariant-verify) or kernels (rows, its linear layers "
+                   "computed by CUDA kernels in the one-row kernels' order, the weights read once)")
     g.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
     add_device_flag(g)
@@ -181,11 +182,12 @@ def resolve(args) -> Resolved:
     if head and (auto or sharding is not None):
         raise UsageError(f"--draft-head with {'--mode auto' if auto else sharding}: "
                          "not supported; give --mode chain or tree on one process")
-    if args.verify == "rows" and (mode in ("classic", "auto") or sharding is not None):
+    if args.verify != "flat" and (mode in ("classic", "auto") or sharding is not None):
         why = ({"classic": "classic decoding verifies no draft",
                 "auto": "--mode auto calibrates the flat verify"}.get(mode)
                or f"{sharding}'s linears are sharded, which it does not run by rows")
-        raise UsageError(f"--verify rows with {'--mode ' + mode if sharding is None else sharding}:"
+        raise UsageError(f"--verify {args.verify} with "
+                         f"{'--mode ' + mode if sharding is None else sharding}:"
                          f" {why}; give --mode chain or tree")
     if auto and sharding is not None:
         # Its calibration is timed on each rank: the ranks would choose apart.

@@ -80,7 +80,8 @@ def add_bench_parser(sub):
     p.add_argument("--verify", type=parse_verify, default=("flat",),
                    help="verify modes of the chain, fixed and confidence rows, side by side: "
                    "flat (one forward over the flattened tree), rows (the row-invariant "
-                   "verify: attention node by node over its own keys), or flat,rows")
+                   "verify: attention node by node over its own keys), kernels (rows with "
+                   "its linears in CUDA row kernels), or a comma list such as flat,rows")
     p.add_argument("--alpha", type=float, default=0.3,
                    help="--scaled: damping of the layers the drafter lacks (sets acceptance)")
     p.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
@@ -102,7 +103,9 @@ def add_audit_parser(sub):
                    "(default: the model drafts for itself)")
     p.add_argument("--draft-head", metavar="mtp|DIR",
                    help="a hidden-state head drafts the e2e rows instead (a chain, a fixed "
-                   "tree, EAGLE-2's dynamic tree): mtp (the checkpoint's own) or a head directory")
+                   "tree, EAGLE-2's dynamic tree), and the head-state rows compare its cache "
+                   "after every round with a fresh head's fed the accepted text: mtp (the "
+                   "checkpoint's own) or a head directory")
     p.add_argument("--adapter", help="module:attr of a callable model -> adapter (the "
                    "TreeAdapter interface; a walk(tree, target_tokens) method overrides the walk) "
                    "used instead of treespec.verify.adapter_for")

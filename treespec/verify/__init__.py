@@ -4,7 +4,7 @@ that leave the caches untouched."""
 
 from .adapter import Family, TreeAdapter, TreeRefused
 from .for_model import ChainAdapter, adapter_for
-from .row_invariant import ROW_ADAPTER, RowAdapter
+from .row_invariant import KERNEL_ROW_ADAPTER, MEMO_NAMES, ROW_ADAPTER, KernelRowAdapter, RowAdapter
 from .attention import injected, tree_injected, tree_mask
 from .strategy import ChainOnly, RecurrentStrategy, register_recurrent
 
@@ -12,6 +12,9 @@ __all__ = [
     "ChainAdapter",
     "ChainOnly",
     "Family",
+    "KERNEL_ROW_ADAPTER",
+    "KernelRowAdapter",
+    "MEMO_NAMES",
     "ROW_ADAPTER",
     "RecurrentStrategy",
     "RowAdapter",

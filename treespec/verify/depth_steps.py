@@ -45,7 +45,7 @@ from ..mixers import set_slot, slots
 from ..standin import StandIn
 from .per_node import AttentionStandIn
 
-__all__ = ["DepthSteps", "Layout", "Projection", "depth_groups", "projections"]
+__all__ = ["DepthSteps", "KernelLinear", "Layout", "Projection", "depth_groups", "projections"]
 
 _LINEARS = (nn.Linear, nn.QuantizedLinear)
 
@@ -53,8 +53,28 @@ _LINEARS = (nn.Linear, nn.QuantizedLinear)
 def projections(attention: nn.Module) -> List[Tuple[str, object, object, nn.Module]]:
     """``(path, container, key, module)`` of every linear child of
     ``attention`` (dense or quantized), in module order."""
-    return [s for s in slots(attention) if isinstance(s[3], _LINEARS)
-            or (hasattr(s[3], "bits") and "scales" in s[3] and "weight" in s[3])]
+    return [s for s in slots(attention) if not isinstance(s[1], KernelLinear)  # not its inner
+            and (isinstance(s[3], _LINEARS + (KernelLinear,))
+                 or (hasattr(s[3], "bits") and "scales" in s[3] and "weight" in s[3]))]
+
+
+class KernelLinear(StandIn):
+    """Stands in for one linear layer (or a tied embedding, whose ``as_linear``
+    is the output head) during one verify forward: ``call(layer, x)`` computes it (treespec.backend.row_kernels.linear_rows: every row as
+    the backend's one-row kernel computes it, the weights read once)."""
+
+    def __init__(self, linear: nn.Module, call):
+        super().__init__()
+        self.inner = linear
+        object.__setattr__(self, "call", call)
+
+    def __call__(self, x):
+        if isinstance(self.inner, (nn.Embedding, nn.QuantizedEmbedding)):
+            return self.inner(x)  # a lookup; only its use as the output head is a product
+        return self.call(self.inner, x)
+
+    def as_linear(self, x):
+        return self.call(self.inner, x)
 
 
 def depth_groups(tree_depths: np.ndarray, ancestry: np.ndarray) -> List[Tuple[np.ndarray, np.ndarray]]:

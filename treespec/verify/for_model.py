@@ -11,7 +11,7 @@ from ..errors import TreeRefused
 from ..models import model_type
 from ..tree import DraftTree
 from .adapter import TreeAdapter, Verified
-from .row_invariant import RowAdapter
+from .row_invariant import KernelRowAdapter, RowAdapter
 from .strategy import RecurrentStrategy
 from .structure import Structure, cache_refusal, structure
 
@@ -44,7 +44,8 @@ class ChainAdapter(TreeAdapter):
 
 
 def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None,
-                chains: bool = False, rows: bool = False) -> TreeAdapter:
+                chains: bool = False, rows: bool = False,
+                kernels=False) -> TreeAdapter:
     """The tree-verify adapter for ``model``, or TreeRefused naming the
     family and the specific structural reason (treespec.verify.structure).
     ``recurrent`` overrides the recurrent strategy (see
@@ -53,14 +54,21 @@ def adapter_for(model: nn.Module, recurrent: Optional[RecurrentStrategy] = None,
     trees alone gets a :class:`ChainAdapter`; one whose caches cannot roll
     back (a recurrent or unknown cache) is refused still. ``rows``: the
     row-invariant verify (treespec.verify.row_invariant.RowAdapter), chains
-    included; its refusals are its own (never a ChainAdapter)."""
+    included; its refusals are its own (never a ChainAdapter). ``kernels``:
+    that verify with its linear layers computed by the row kernels
+    (treespec.verify.row_invariant.KernelRowAdapter; CUDA only): True for
+    treespec.backend.row_kernels, or an object with its three functions
+    (``available``, ``coverage``, ``linear_rows``) in their place."""
+    rows = rows or kernels is not False
     walks = structure(model)
     if walks.why and chains and not rows and not walks.found.mixers and cache_refusal(model) == (None, False):
         return ChainAdapter(model, walks)
     if walks.why:
         raise TreeRefused(model_type(model), walks.why)
-    kind = RowAdapter if rows else TreeAdapter
+    kind = KernelRowAdapter if kernels else RowAdapter if rows else TreeAdapter
     adapter = kind(model, walks.family, recurrent, walks.found, walks)
+    if kernels is not False and kernels is not True:
+        adapter.kernels = kernels
     adapter.check_model()
     adapter.vocab()  # read off a forward here, once, not inside a round's verify
     return adapter

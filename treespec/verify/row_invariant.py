@@ -24,19 +24,27 @@ from contextlib import contextmanager
 from typing import Optional, Sequence
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from .. import caches
+from ..backend import row_kernels
 from ..mixers import set_slot, slots
 from ..tree import DraftTree
 from .adapter import TreeAdapter, Verified
 from .attention import Sites, tree_injected
-from .depth_steps import DepthSteps, Layout, Projection, depth_groups, projections
+from .depth_steps import DepthSteps, KernelLinear, Layout, Projection, depth_groups, projections
 
-__all__ = ["ROW_ADAPTER", "RowAdapter"]
+# what the row kernels may stand in for (an embedding: its as_linear, a tied head)
+_LINEARS = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
 
-# The gate's memo names an adapter; this one's verdicts are its own.
+__all__ = ["KERNEL_ROW_ADAPTER", "KernelRowAdapter", "MEMO_NAMES", "ROW_ADAPTER", "RowAdapter"]
+
+# The gate's memo names an adapter; these two's verdicts are their own.
 ROW_ADAPTER = "treespec.verify.row_invariant"
+KERNEL_ROW_ADAPTER = "treespec.verify.row_invariant+kernels"
+# --verify's modes other than flat, and the memo name of each one's verdicts
+MEMO_NAMES = {"rows": ROW_ADAPTER, "kernels": KERNEL_ROW_ADAPTER}
 
 
 class RowAdapter(TreeAdapter):
@@ -75,6 +83,43 @@ class RowAdapter(TreeAdapter):
                   plans: Optional[dict] = None, ropes: bool = True):
         return _by_depth(self.model, cache, tree, owners, self.family.rope_attr, self.rope_pool,
                          self.depth_groups(tree))
+
+
+class KernelRowAdapter(RowAdapter):
+    """The row-invariant verify with every linear layer the row kernels cover
+    (treespec.backend.row_kernels: MLX's one-row kernels' order for every
+    row, the weights read once) computed by them, the rest as
+    :class:`RowAdapter` runs it. CUDA only; elsewhere refused, naming why."""
+
+    # The kernels' module (available, coverage, linear_rows); a suite's
+    # stand-in exercises this seam on a backend without CUDA.
+    kernels = row_kernels
+
+    def check_model(self):
+        if not self.kernels.available():
+            self._refuse(f"the row kernels are CUDA kernels and this process computes on "
+                         f"{mx.default_device()} (--verify rows runs without them)")
+        return super().check_model()
+
+    def covered(self) -> list:
+        """``(path, why)`` of every linear layer the kernels leave to MLX."""
+        return [(path, why) for path, _, _, m in slots(self.model) if isinstance(m, _LINEARS)
+                for why in [self.kernels.coverage(m)] if why]
+
+    @contextmanager
+    def injection(self, cache: Sequence, tree: DraftTree, owners: list, start: int,
+                  plans: Optional[dict] = None, ropes: bool = True):
+        put = []
+        try:
+            for _, container, key, module in slots(self.model):
+                if isinstance(module, _LINEARS) and self.kernels.coverage(module) is None:
+                    set_slot(container, key, KernelLinear(module, self.kernels.linear_rows))
+                    put.append((container, key, module))
+            with super().injection(cache, tree, owners, start, plans, ropes) as probe:
+                yield probe
+        finally:
+            for container, key, module in reversed(put):
+                set_slot(container, key, module)
 
 
 @contextmanager
