@@ -31,7 +31,7 @@ from treespec.rollback import (
     snapshot,
 )
 from treespec.backend.census_position import position_census
-from treespec.evidence.same_width import same_width_path
+from treespec.evidence.same_width import position_reason, same_width_path
 from treespec.verify import adapter_for
 
 from treespec.verify.tree_recurrence import TreeRecurrence
@@ -204,22 +204,19 @@ def proven_at_width(a, b, same, what: str):
         "dependence)"))
 
 
-def same_width_chain(family, setup, history, rounds, fed, measure):
+def same_width_chain(family, setup, history, rounds, fed):
     """(caches, "") after ``history``, each round's accepted path fed at its
     tree's width (treespec.evidence.same_width.same_width_path: its own chain,
-    never the committed caches') and the chunks ``fed``, with the census's note
-    for a difference (same_width_path); or (None, why not)."""
+    never the committed caches') and the chunks ``fed``; or (None, why not)."""
     m, same = model(family), make_caches(family, setup)
     prefill(family, setup, same, history)
-    notes = []
     for tree, path in rounds:
-        same, why = same_width_path(m, same, tree, path, measure)
+        same, why = same_width_path(m, same, tree, path)
         if same is None:
             return None, why
-        notes.append(why)
     for chunk in fed:
         m(mx.array(chunk)[None], cache=same)
-    return same, next((n for n in notes if n), "")
+    return same, ""
 
 
 def rounds_then_decode(family, setup, history, rounds, later, measure=position_census):
@@ -277,7 +274,7 @@ def rounds_then_decode(family, setup, history, rounds, later, measure=position_c
         a, b = m(x, cache=ours), m(x, cache=ref)
         if not built and not mx.array_equal(a, b).item():  # built only where needed
             built = True
-            same, why = same_width_chain(family, setup, history, rounds, later[:k], measure)
+            same, why = same_width_chain(family, setup, history, rounds, later[:k])
         s = None if same is None else m(x, cache=same)
         widths.add(len(chunk))
         what = f"logits on {chunk} after the commits"
@@ -285,6 +282,8 @@ def rounds_then_decode(family, setup, history, rounds, later, measure=position_c
         if proof is not None:
             expect(proof, ROLLBACK_DECODE, label[0], f"{label[1]} {setup}".strip())
         else:  # judged, saying why no same-width reference proved it
+            if same is not None and not why:  # it differs: the backend's placement?
+                why = position_reason(m, max(len(t) for t, _ in rounds), measure) or ""
             check(a, b, m, offset, widths, ROLLBACK_DECODE, kv=kv, label=label, mode=setup,
                   what="; ".join(x for x in (what, why) if x))
         offset += len(chunk)

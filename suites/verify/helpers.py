@@ -16,7 +16,7 @@ from suites.verdict import VERIFY, expect
 from treespec import caches, zoo
 from treespec.evidence import numerics
 from treespec.backend.census_position import position_census
-from treespec.evidence.same_width import same_width_rows
+from treespec.evidence.same_width import position_reason, same_width_rows
 from treespec.audit.states import (
     CacheMode,
     History as Replayed,
@@ -177,8 +177,10 @@ def root_path_verdict(model, before, tree, logits, kv=None,
         # for bit: proven on any backend, no envelope needed
         # (treespec.evidence.same_width); a difference is judged below, with the
         # census's note where it measures a row's bits depending on its place.
-        same, why = same_width_rows(model, before, tree, measure)
-        if same is not None and mx.array_equal(logits, same).item():
+        same, why = same_width_rows(model, before, tree)
+        if same is not None and not mx.array_equal(logits, same).item():
+            why = position_reason(model, len(tree), measure) or ""
+        elif same is not None:
             return numerics.Verdict(numerics.BIT_EXACT, 0.0, detail=(
                 f"node rows = mlx-lm's plain forward over each root path at the verify's width "
                 f"{len(tree)}, bit for bit ({max_abs_diff(logits, refs):.3g} from the root-path "

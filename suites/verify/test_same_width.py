@@ -94,7 +94,8 @@ def test_position_dependence_explains_a_difference_and_never_withdraws_an_equali
     # sibling) is judged as before, its verdict naming the census row.
     model, before = planted
     only_width(model)  # this backend's real census: the planted term is all that moves rows
-    same, why = same_width_rows(model, before, TREE, measure=placed_rows)
+    same, _ = same_width_rows(model, before, TREE)
+    why = position_reason(model, len(TREE), placed_rows)
     assert same is not None and "sdpa+mask position float32 planted: differs from 3" in why, why
     logits = adapter_for(model).verify(TREE, clone(before))
     proven = helpers.root_path_verdict(model, before, TREE, logits, measure=placed_rows)

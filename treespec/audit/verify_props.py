@@ -11,7 +11,7 @@ from typing import List
 import mlx.core as mx
 
 from ..evidence import numerics
-from ..evidence.same_width import same_width_rows
+from ..evidence.same_width import position_reason, same_width_rows
 from ..errors import TreeRefused
 from ..tree import DraftTree
 from .records import FAIL, PASS, Check, Tally
@@ -163,8 +163,10 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
                 same, why = same_width_rows(model, base, tree)
                 if same is not None and mx.array_equal(logits, same).item():
                     refs, proven = same, proven + 1
-                elif why:
-                    unproven.add(why)
+                else:
+                    why = why or position_reason(model, len(tree))
+                    if why:
+                        unproven.add(why)
             env = envelope(s, hist.offset, numerics.widths_of(tree, 2), mode)
             controls = _controls(model, base, tree, refs)
             for i in range(len(tree)):

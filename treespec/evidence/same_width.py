@@ -35,7 +35,7 @@ defect: the rows are then judged against classic decoding and the envelope,
 and the verdict says why), never what an *equality* means: rows equal bit
 for bit to mlx-lm's own forward of the same root paths are proven on any
 backend, so the reference is built and compared there too
-(:func:`same_width_rows`).
+(:func:`position_reason`, asked only where rows differ from the reference).
 
 Not for a sliding-window ring that is wrapped or would wrap during the
 n-token forward (a plain multi-token forward on a wrapped ring puts it in
@@ -87,17 +87,15 @@ def position_reason(model, width: int, measure=position_census) -> Optional[str]
             f"{row.error or row.verdict} of {widths_text(row.widths)})")
 
 
-def same_width_rows(model, before: Sequence, tree: DraftTree,
-                    measure=position_census) -> Tuple[Optional[mx.array], str]:
-    """(:func:`padded_rows`, the note a verdict carries where the node rows
-    differ from them): the note is "" where the census measures no position
-    dependence, else why a difference may be the backend's placement
-    (:func:`position_reason`); (None, why) where a sliding-window ring has no
-    room for the tree."""
+def same_width_rows(model, before: Sequence, tree: DraftTree) -> Tuple[Optional[mx.array], str]:
+    """(:func:`padded_rows`, ""), or (None, why there is none: a
+    sliding-window ring without room for the tree). Where node rows differ
+    from them, :func:`position_reason` says whether that may be the
+    backend's placement."""
     rows = padded_rows(model, before, tree)
     if rows is None:
         return None, "no same-width reference: the sliding-window ring has no room for the tree"
-    return rows, position_reason(model, len(tree), measure) or ""
+    return rows, ""
 
 
 def padded_rows(model, before: Sequence, tree: DraftTree) -> Optional[mx.array]:
@@ -144,12 +142,12 @@ def padded_path(model, before: Sequence, tree: DraftTree, path: Sequence[int]) -
     return cache
 
 
-def same_width_path(model, before: Sequence, tree: DraftTree, path: Sequence[int],
-                    measure=position_census) -> Tuple[Optional[list], str]:
-    """(:func:`padded_path`, the note for a difference) as
-    :func:`same_width_rows`; (None, why) where a cache cannot drop the padding."""
+def same_width_path(model, before: Sequence, tree: DraftTree,
+                    path: Sequence[int]) -> Tuple[Optional[list], str]:
+    """(:func:`padded_path`, "") as :func:`same_width_rows`; (None, why)
+    where a cache cannot drop the padding."""
     cache = padded_path(model, before, tree, path)
     if cache is None:
         return None, ("no same-width reference: a cache cannot drop the padding (a recurrent "
                       "state, or a sliding-window ring without room for the tree)")
-    return cache, position_reason(model, len(tree), measure) or ""
+    return cache, ""
