@@ -124,11 +124,7 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
                 walker=greedy(walk) if walk is not None else None)
     if drafter is not None and drafter.reads_hidden and draft_head is None:
         raise OptionError("drafter: a HeadDrafter drafts from a head; give it as draft_head")
-    if draft_head is not None and mode != "classic":
-        why = head_refusal(draft_head, target)
-        if why is not None:
-            raise OptionError(f"draft_head: {why}")
-    if options.sampled:
+    if options.sampled:  # decode_sampled checks a head against the target itself
         if walk is not None:
             raise OptionError("walk= is the greedy accept walk; at temperature > 0 the "
                               "sampled rule decides (treespec.sampling)")
@@ -137,6 +133,9 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
     if mode == "classic":
         return classic(target, prompt, max_tokens, eos_token_ids, kv=options.kv)
     if draft_head is not None:
+        why = head_refusal(draft_head, target)
+        if why is not None:
+            raise OptionError(f"draft_head: {why}")
         if drafter is None:
             drafter = HeadDrafter(draft_head, mode, block=block, branching=branching,
                                   parents=parents, budget=budget, width=width)

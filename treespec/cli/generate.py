@@ -164,15 +164,16 @@ def cmd_generate(args) -> int:
                           adapter_name=MEMO_NAMES[args.verify])
         except TreeRefused as e:
             raise UsageError(f"--verify {args.verify}: {e}")
-        # The census's linear rows are MLX's; the row kernels' are not capped by
-        # them (the gate measures the verify at each round's width either way).
-        cap = None if args.verify == "kernels" else \
-            rows_cap(target, options.draft_nodes(), options.allow_inexact)
-        left = kwargs["adapter"].covered() if args.verify == "kernels" else []
-        if left and say:
-            print(f"note: --verify kernels: {len(left)} linear layers run through MLX's own "
-                  f"kernels ({left[0][0]}: {left[0][1]}); the gate measures them",
-                  file=sys.stderr)
+        cap = None
+        if args.verify == "rows":
+            cap = rows_cap(target, options.draft_nodes(), options.allow_inexact)
+        else:  # kernels: the census's linear rows are MLX's, not the kernels'; no cap (the
+            # gate measures the verify at each round's width either way)
+            left = kwargs["adapter"].covered()
+            if left and say:
+                print(f"note: --verify kernels: {len(left)} linear layers run through MLX's "
+                      f"own kernels ({left[0][0]}: {left[0][1]}); the gate measures them",
+                      file=sys.stderr)
         if cap is not None:
             kwargs["max_nodes"], why = cap
             if say:

@@ -47,13 +47,11 @@ tokens is an appending cache for this forward, and gets its reference.
 from typing import Dict, Optional, Sequence, Tuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import RotatingKVCache
+from mlx_lm.models.cache import RotatingKVCache, can_trim_prompt_cache, trim_prompt_cache
 
 from ..backend.census import widths_text
 from ..backend.census_position import position_census, position_width
 from ..backend.census_shapes import model_dtype, model_specs
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
-
 from ..caches import leaves
 from ..tree import DraftTree
 from .controls import clone
@@ -70,8 +68,8 @@ _MEASURED: Dict[tuple, list] = {}  # (measure, the shapes, dtype, widest) -> pos
 def position_reason(model, width: int, measure=position_census) -> Optional[str]:
     """None where the census's position rows of ``model``'s own shapes, in
     its dtype, are identical at every width up to max(``width``, 16); else
-    why a reference at the verify's width proves nothing here (the first row
-    that differs). Measured once per shapes, dtype and width in a process
+    why rows that differ from a reference at the verify's width may differ
+    by the backend's placement, not a defect (the first row that differs). Measured once per shapes, dtype and width in a process
     (``measure``: treespec.backend.census_position.position_census)."""
     widest = max(width, WIDEST)
     dtype = model_dtype(model)
