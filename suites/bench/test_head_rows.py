@@ -17,6 +17,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from suites.helpers_numerics import exact_backend
+from suites.helpers_subprocess import without_startup_notes
 from treespec import zoo
 from treespec.bench import head_rows as H
 from treespec.bench import measure as B
@@ -127,7 +128,7 @@ def test_flag_values_are_read_as_a_list_of_heads():
 ], ids=["scaled", "sharded", "empty", "no-mtp"])
 def test_draft_head_refusals_name_the_flag(capsys, flags, message):
     assert cli.main(["bench", "--draft-head", "mtp", *flags, "--no-auto"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = without_startup_notes(capsys.readouterr().err).strip()
     assert err.startswith("treespec bench: error: ") and message in err, err
     assert "\n" not in err and "Traceback" not in err, err
 
@@ -136,7 +137,7 @@ def test_a_head_that_does_not_fit_the_target_is_refused_naming_it(capsys):
     # the zoo's EAGLE-3 head reads a 64-wide llama; the pair's target is 256 wide
     head = zoo.eagle3_checkpoint("llama")
     assert cli.main(["bench", "--draft-head", str(head), "--no-auto"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = without_startup_notes(capsys.readouterr().err).strip()
     assert err.startswith(f"treespec bench: error: --draft-head {head}: ") and "64" in err, err
     assert "\n" not in err, err
 

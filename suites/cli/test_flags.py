@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from suites.helpers_subprocess import without_startup_notes
 from treespec import zoo
 from treespec.checkpoints import default_pair
 from treespec.cli.main import COMMANDS, build_parser, command, main
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def error_of(capsys, *args) -> str:
     assert main(["generate", *args]) == 2
-    err = capsys.readouterr().err
+    err = without_startup_notes(capsys.readouterr().err)
     assert err.count("\n") == 1 and err.startswith("treespec generate: error: "), err
     return err
 

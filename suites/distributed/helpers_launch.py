@@ -4,11 +4,15 @@ ports of its own, so launches of parallel pytest workers never meet."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import mlx.core as mx
+import pytest
 
 from suites.helpers_subprocess import project_env
 
@@ -18,7 +22,21 @@ RANKS = 2
 # The slowest launch here takes about 70 s on 2 cores under a load of 9.
 TIMEOUT_S = 300
 WORKER = Path(__file__).with_name("helpers_worker.py")
-LAUNCH = Path(sys.executable).with_name("mlx.launch")
+LAUNCH = "mlx.launch"  # MLX's console script
+
+
+def launcher() -> str:
+    """mlx.launch: beside this interpreter (a venv's bin), else on PATH, else in
+    the bin folder beside MLX's package (``pip install --target DIR`` puts
+    scripts in DIR/bin, on no PATH). None of them: the test fails saying
+    where it looked; a skip would pass the distributed tests unrun."""
+    beside = Path(sys.executable).with_name(LAUNCH)
+    target_bin = Path(mx.__file__).resolve().parents[1] / "bin" / LAUNCH
+    for found in (beside, shutil.which(LAUNCH), target_bin):
+        if found and os.access(found, os.X_OK) and Path(found).is_file():
+            return str(found)
+    pytest.fail(f"{LAUNCH} (MLX's console script) was not found: not beside the interpreter "
+                f"({beside}), not on PATH, not in {target_bin.parent}", pytrace=False)
 
 
 def free_port() -> int:
@@ -40,7 +58,7 @@ def free_port() -> int:
 def launch(args, tmp_path: Path, env=None) -> subprocess.CompletedProcess:
     """``mlx.launch -n 2 --backend ring`` of ``args`` (a python script and its
     arguments, or ``-m module ...``), run in the repository root."""
-    cmd = [str(LAUNCH), "-n", str(RANKS), "--backend", "ring", "--starting-port",
+    cmd = [launcher(), "-n", str(RANKS), "--backend", "ring", "--starting-port",
            str(free_port()), "--python", sys.executable, *map(str, args)]
     full_env = project_env(**(env or {}))
     # Its own process group, which the ranks mlx.launch starts join: on a
