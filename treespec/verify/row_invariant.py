@@ -6,8 +6,8 @@ computes, where the backend keeps rows of a batched call invariant.
 attentions run depth by depth (treespec.verify.depth_steps: one query per
 node over exactly its history and root path, the projections once over all
 nodes); everything else is the tree path's (per-node RoPE positions, the
-tree-aware recurrence on hybrids, the row-by-row norms and MLP over the T
-nodes). Chains go through it too: mlx-lm's chain verify attends with one
+tree-aware recurrence on hybrids, for chains too, the row-by-row norms and
+MLP over the T nodes). Chains go through it too: mlx-lm's chain verify attends with one
 causal call over the T queries, which is what a backend's attention kernel
 tiles by T.
 
@@ -34,6 +34,8 @@ from ..tree import DraftTree
 from .adapter import TreeAdapter, Verified
 from .attention import Sites, tree_injected
 from .depth_steps import DepthSteps, KernelLinear, Layout, Projection, depth_groups, projections
+from .strategy import recurrent_strategy
+from .tree_recurrence import TreeRecurrence
 
 # what the row kernels may stand in for (an embedding: its as_linear, a tied head)
 _LINEARS = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
@@ -49,6 +51,19 @@ MEMO_NAMES = {"rows": ROW_ADAPTER, "kernels": KERNEL_ROW_ADAPTER}
 
 class RowAdapter(TreeAdapter):
     """A tree adapter whose verify is row-invariant (module docstring)."""
+
+    def __init__(self, model, family, recurrent=None, found=None, walks=None):
+        # A chain through mlx-lm's multi-token recurrence (one conv1d and one
+        # gated-delta call over its T nodes, the state carried inside) hands a
+        # later node the bits of a T-token call, which classic decoding's
+        # one-token steps need not give (MLX CUDA: the census's "steps" rows
+        # differ from 2). Every node takes its own one-token recurrence step
+        # here, chains included: the tree-aware recurrence's chains=True.
+        if recurrent is None and family.recurrent is not None:
+            recurrent = recurrent_strategy(family.recurrent)
+            if isinstance(recurrent, TreeRecurrence):
+                recurrent.chains = True
+        super().__init__(model, family, recurrent, found, walks)
 
     def _checked(self, tree: DraftTree, cache: Sequence, start: int, ropes: bool):
         if self._one_token:
