@@ -9,7 +9,8 @@ its root path's one-token steps only where every op of the forward gives a
 row the same bits whatever else shares its call. A BLAS, a GPU kernel or a
 compiler may pick its tiling and summation order by M; nothing but a
 measurement says where (docs/numerics.md#the-backend-census). The census
-measures it op by op, on MLX alone, with seeded random inputs:
+measures it op by op, on MLX alone, with seeded random inputs (half-precision
+products also with a cancelling draw: treespec.backend.census_inputs):
 
 - ``tokens``: an M-row call (rows along the token axis: matmul, quantized
   matmul, RMS norm; RoPE at positions offset+i; attention's M queries)
@@ -41,6 +42,8 @@ import numpy as np
 from mlx_lm.models.gated_delta import gated_delta_update
 from mlx_lm.models.ssm import ssm_update
 
+from .census_inputs import cancel_at, cancelling, equal_columns, joined
+from .census_inputs import normal as _normal
 from .census_shapes import DEFAULT_SPECS, HISTORY, Spec, model_dtype, model_specs
 
 __all__ = ["DTYPES", "WIDTHS", "Row", "against_alone", "against_steps", "census", "format_table",
@@ -194,34 +197,35 @@ def measure_rows(fn: Callable, x: mx.array, widths: Sequence[int],
 # The ops: each builder gets (spec, dtype, rng, widest M, how) and returns pairs_at.
 
 
-def _normal(rng, shape, dtype, scale: float = 1.0) -> mx.array:
-    return mx.array(rng.standard_normal(shape).astype(np.float32) * scale).astype(dtype)
-
-
-def _row_op(spec: Spec, dt, rng) -> Tuple[Callable, int]:
-    """(a function of rows, its input width) for products and norms."""
+def _row_op(spec: Spec, dt, rng) -> Tuple[Callable, int, Optional[Tuple[int, int]]]:
+    """(a function of rows, its input width, where its cancelling draw puts
+    +A and -A or None: treespec.backend.census_inputs) for products and norms."""
     if spec.op == "rms_norm":
         w = 1.0 + _normal(rng, (spec["dim"],), dt, 0.1)
-        return (lambda x: mx.fast.rms_norm(x, w, spec["eps"])), spec["dim"]
+        return (lambda x: mx.fast.rms_norm(x, w, spec["eps"])), spec["dim"], None
     n_in, n_out = spec["n_in"], spec["n_out"]
-    w = _normal(rng, (n_out, n_in), dt, n_in ** -0.5)
+    quantized = spec.op == "quantized_matmul"
+    at = cancel_at(dt, n_in, spec["group"] if quantized else None)
+    w = equal_columns(_normal(rng, (n_out, n_in), dt, n_in ** -0.5), at)
     if spec.op == "addmm":
         b = _normal(rng, (n_out,), dt)
-        return (lambda x: mx.addmm(b, x, w.T)), n_in
-    if spec.op == "quantized_matmul":
+        return (lambda x: mx.addmm(b, x, w.T)), n_in, at
+    if quantized:
         mode, group, bits = spec["mode"], spec["group"], spec["bits"]
         wq, scales, *biases = mx.quantize(w, group, bits, mode=mode)
         biases = biases[0] if biases else None
         return (lambda x: mx.quantized_matmul(x, wq, scales=scales, biases=biases, transpose=True,
-                                              group_size=group, bits=bits, mode=mode)), n_in
-    return (lambda x: x @ w.T), n_in
+                                              group_size=group, bits=bits, mode=mode)), n_in, at
+    return (lambda x: x @ w.T), n_in, at
 
 
 def _rows(spec, dt, rng, width, how):
-    fn, n_in = _row_op(spec, dt, rng)
+    fn, n_in, at = _row_op(spec, dt, rng)
     axis = 1 if how == "tokens" else 0
     x = _normal(rng, (1, width, n_in) if how == "tokens" else (width, 1, n_in), dt)
-    return _sliced(fn, x, axis)
+    if at is None:
+        return _sliced(fn, x, axis)
+    return joined(_sliced(fn, x, axis), _sliced(fn, cancelling(x, at), axis))
 
 
 def _rope(spec, dt, rng, width, how):

@@ -38,6 +38,7 @@ import mlx.core as mx
 import numpy as np
 
 from .census import WIDTHS, Row, _normal, _row_op, census, narrowest
+from .census_inputs import cancelling, joined
 from .census_shapes import HISTORY
 
 __all__ = ["HOW", "MEASURES", "placed", "position_census", "position_rows", "position_width"]
@@ -82,9 +83,14 @@ def _drawn(rng, shape_of, dt):
 
 
 def _rows(spec, dt, rng, width, how):
-    fn, n_in = _row_op(spec, dt, rng)
+    fn, n_in, at = _row_op(spec, dt, rng)
     probe = _normal(rng, (1, 1, n_in), dt)
-    return placed(lambda x, j: fn(x), probe, _drawn(rng, lambda n: (1, n, n_in), dt))
+    neighbours = _drawn(rng, lambda n: (1, n, n_in), dt)
+    normal_draw = placed(lambda x, j: fn(x), probe, neighbours)
+    if at is None:
+        return normal_draw
+    # in half precision the probe row's cancelling draw too (treespec.backend.census_inputs)
+    return joined(normal_draw, placed(lambda x, j: fn(x), cancelling(probe, at), neighbours))
 
 
 def _masked_attention(spec, dt, rng, width, how):
