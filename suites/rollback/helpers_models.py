@@ -31,7 +31,7 @@ from treespec.rollback import (
     snapshot,
 )
 from treespec.backend.census_position import position_census
-from treespec.evidence.same_width import position_reason, same_width_path
+from treespec.evidence.same_width import position_reason, same_width_path, same_width_rows
 from treespec.verify import adapter_for
 
 from treespec.verify.tree_recurrence import TreeRecurrence
@@ -189,19 +189,22 @@ def register(name, m):
     _MODELS[name] = m
 
 
-def proven_at_width(a, b, same, what: str):
-    """Decoding on after the commits: ``a`` (the committed caches' logits)
-    against ``b`` (the path-only reference's). Where they differ but ``a``
-    equals ``same`` (the logits from the paths fed at each verify's width,
-    treespec.evidence.same_width.padded_path) bit for bit, that equality is
-    the proof, no envelope needed: the bit-exact verdict naming it. Else None
-    (judged as before)."""
+FED_AT_WIDTH = "the caches of the accepted paths fed at each verify's width"
+PADDED_AT_WIDTH = "mlx-lm's plain forwards over the root paths padded to the verify's width"
+
+
+def proven_at_width(a, b, same, what: str, reference: str = FED_AT_WIDTH):
+    """``a`` (ours: the committed caches' logits, the verify's path rows)
+    against ``b`` (the classic reference's). Where they differ but ``a``
+    equals ``same`` (the same computation at the verify's width:
+    ``reference``, treespec.evidence.same_width) bit for bit, that equality
+    is the proof, no envelope needed: the bit-exact verdict naming it. Else
+    None (judged as before)."""
     if same is None or not mx.array_equal(a, same).item() or mx.array_equal(a, b).item():
         return None
     return numerics.Verdict(numerics.BIT_EXACT, 0.0, detail=(
-        f"{what}: = the caches of the accepted paths fed at each verify's width, bit for bit "
-        f"({numerics.max_abs_diff(a, b):.3g} from the path-only cache's: the backend's width "
-        "dependence)"))
+        f"{what}: = {reference}, bit for bit ({numerics.max_abs_diff(a, b):.3g} from the "
+        "classic reference: the backend's width dependence)"))
 
 
 def same_width_chain(family, setup, history, rounds, fed):
@@ -249,6 +252,22 @@ def rounds_then_decode(family, setup, history, rounds, later, measure=position_c
         with recorded(ours) as writes, capture_written(ours) as written:
             logits, captures = verify(family, tree, ours)
             mx.eval(logits)
+        ref_logits = classic(m, [tree.tokens[i] for i in path], ref)
+        widths |= set(numerics.widths_of(tree, len(path)))
+        # The verify itself is suites/verify's contract; a mismatch here
+        # would make the rest meaningless, so say so first. Rows that differ
+        # from classic decoding's are proven where they equal the same
+        # forwards at the verify's width (built only then, from ``pre``
+        # before the movement check below consumes it).
+        rows, what = logits[mx.array(path)], "verify rows along the path"
+        same = None if mx.array_equal(rows, ref_logits).item() else \
+            same_width_rows(m, pre, tree, path)[0]
+        proof = proven_at_width(rows, ref_logits, same, what, PADDED_AT_WIDTH)
+        if proof is not None:
+            expect(proof, VERIFY, label[0], f"{label[1]} {setup}".strip())
+        else:
+            check(rows, ref_logits, m, offset, widths, VERIFY, kv=kv, what=what, label=label,
+                  mode=setup)
         # Moved rows are read from what the verify's update wrote in even
         # rounds (as TreeAdapter.commit does), from the caches' buffers in odd
         # ones (a tree fed in parts, a cache mode without a capture).
@@ -258,12 +277,6 @@ def rounds_then_decode(family, setup, history, rounds, later, measure=position_c
         bad = mismatches(ours, moved(pre, writes, path, len(tree), captures, ours))
         assert not bad, f"after committing {path} of {tree!r}: not the verify's own rows: {bad}"
         exact(ROLLBACK_ROWS, m, setup, label)
-        ref_logits = classic(m, [tree.tokens[i] for i in path], ref)
-        widths |= set(numerics.widths_of(tree, len(path)))
-        # The verify itself is suites/verify's contract; a mismatch here
-        # would make the rest meaningless, so say so first.
-        check(logits[mx.array(path)], ref_logits, m, offset, widths, VERIFY, kv=kv,
-              what="verify rows along the path", label=label, mode=setup)
         offset += len(path)
         env = lambda: numerics.envelope(m, offset, widths, *(kv or (None, None)))
         for i, (a, b) in enumerate(zip(ours, ref)):

@@ -85,25 +85,28 @@ def position_reason(model, width: int, measure=position_census) -> Optional[str]
             f"{row.error or row.verdict} of {widths_text(row.widths)})")
 
 
-def same_width_rows(model, before: Sequence, tree: DraftTree) -> Tuple[Optional[mx.array], str]:
+def same_width_rows(model, before: Sequence, tree: DraftTree,
+                    nodes: Optional[Sequence[int]] = None) -> Tuple[Optional[mx.array], str]:
     """(:func:`padded_rows`, ""), or (None, why there is none: a
     sliding-window ring without room for the tree). Where node rows differ
     from them, :func:`position_reason` says whether that may be the
     backend's placement."""
-    rows = padded_rows(model, before, tree)
+    rows = padded_rows(model, before, tree, nodes)
     if rows is None:
         return None, "no same-width reference: the sliding-window ring has no room for the tree"
     return rows, ""
 
 
-def padded_rows(model, before: Sequence, tree: DraftTree) -> Optional[mx.array]:
-    """Row i: the row at depth(i) of mlx-lm's plain forward over node i's
-    root path padded to the tree's n tokens, each from its own copy of
-    ``before``; None where a sliding-window ring has no room for the n tokens."""
+def padded_rows(model, before: Sequence, tree: DraftTree,
+                nodes: Optional[Sequence[int]] = None) -> Optional[mx.array]:
+    """Row k: the row at depth(i) of mlx-lm's plain forward over node i's
+    root path padded to the tree's n tokens, for the k-th node i of ``nodes``
+    (None: every node), each from its own copy of ``before``; None where a
+    sliding-window ring has no room for the n tokens."""
     n, rows = len(tree), []
     if _no_room(before, n):
         return None
-    for i in range(n):
+    for i in range(n) if nodes is None else nodes:
         path = [tree.tokens[j] for j in tree.path_to(i)]
         tokens = path + [PADDING] * (n - len(path))
         rows.append(model(mx.array(tokens)[None], cache=clone(before))[0, len(path) - 1])
