@@ -21,6 +21,8 @@ from treespec.cli import main as cli
 from treespec import zoo
 from treespec.bench import command as bench_cli
 from treespec.bench import report as R
+from treespec.bench import shared_probe
+from treespec.bench.shared_probe import SharedProbe
 from treespec.checkpoints import default_pair, load_default_pair
 from treespec.cli.main import build_parser, command
 from treespec.evidence.gate import Decision, ShapeResult
@@ -471,7 +473,8 @@ def test_the_shared_probe_reports_a_nan_difference_as_nan(monkeypatch):
     """A shape whose verify gave NaN is the worst difference, never hidden
     behind a finite one by max()."""
     diffs = {(-1,): float("nan"), (-1, 0): 0.5}
-    monkeypatch.setattr(B, "compare_shape", lambda model, shape, draws, adapter=None: ShapeResult(
-        shape, False, diffs[shape], 0, 0, draws))
-    d = B.SharedProbe()(zoo.build("llama"), [(-1, 0), (-1,)])
+    monkeypatch.setattr(shared_probe, "compare_shape",
+                        lambda model, shape, draws, adapter=None: ShapeResult(
+                            shape, False, diffs[shape], 0, 0, draws))
+    d = SharedProbe()(zoo.build("llama"), [(-1, 0), (-1,)])
     assert not d.run and "max |diff| nan" in d.reason, d.reason

@@ -7,9 +7,10 @@ import time
 
 from ..auto import choose as auto
 from . import head_rows, scaled
-from .measure import (PROMPTS, BenchOptions, SharedProbe, auto_config, bench, build_configs,
+from .measure import (PROMPTS, BenchOptions, auto_config, bench, build_configs,
                       describe_choice)
 from .report import format_curve, format_report, machine_info, write_plots
+from .shared_probe import SharedProbe
 from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from ..auto.costcurve import verify_cost_curve
 from ..decoding import batch_levels_refusal

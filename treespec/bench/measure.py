@@ -38,7 +38,6 @@ processes on a busy machine.
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -54,14 +53,7 @@ from .report import EXACT, summarize
 from ..decoding import decode
 from ..draft import ChainDrafter, FixedTreeDrafter, fixed_shape, make_drafter, shape_name
 from ..cli.flags import parse_blocks, parse_trees  # noqa: F401  (bench's flag values)
-from ..evidence.gate import (
-    DRAWS,
-    Decision,
-    compare_shape,
-    configuration,
-    unsound_decision,
-    worst_diff,
-)
+from .shared_probe import SharedProbe
 from ..options import wide_depth
 from ..verify import MEMO_NAMES
 
@@ -118,6 +110,14 @@ class Config:
             rows = {"batch_levels": True} if self.batch_levels else {}
             return {"mode": "tree", **fixed_shape(self.branching), **rows}
         return {"mode": "tree", "budget": self.budget, "width": self.width}
+
+    def verify_kwargs(self) -> dict:
+        """The verify a row runs, for its probe and its decode: {} for the flat
+        verify, else the row-invariant adapter and its gate memo name (so a
+        probe of it is never the flat verify's memoized verdict)."""
+        if self.verify == "flat":
+            return {}
+        return {"adapter": self.adapter, "adapter_name": MEMO_NAMES[self.verify]}
 
     def drafter(self):
         if self.kind == "mlx-lm":
@@ -261,11 +261,9 @@ def _run_config(cfg: Config, target, draft, prompt, max_tokens, eos) -> Run:
     t0 = time.perf_counter()
     # The gate ran (and passed) before the timed runs; decode's own gate would
     # hash the weights on every call, inside the timing.
-    rows = {"adapter": cfg.adapter, "adapter_name": MEMO_NAMES[cfg.verify]} \
-        if cfg.verify != "flat" else {}
     drafting = cfg.draft_kwargs(draft) if kw["mode"] != "classic" else {}
     result = decode(target, prompt, max_tokens=max_tokens, eos_token_ids=eos, gate=False,
-                    **kw, **rows, **drafting)
+                    **kw, **cfg.verify_kwargs(), **drafting)
     wall = time.perf_counter() - t0
     s = result.stats
     stats = {"rounds": s.rounds, "proposed": s.proposed, "accepted": s.accepted,
@@ -280,52 +278,6 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
-
-
-# ----------------------------------------------------------------------------- the gate
-
-
-class SharedProbe:
-    """``treespec.evidence.gate.decide``, with the per-shape measurements shared across
-    configurations. The gate's probe memoizes whole shape lists, and the bench's
-    lists overlap heavily (chain b probes the chains 1..b, so blocks 2..8 would
-    measure 35 chains where 8 are distinct). Each shape is measured by the gate's
-    own ``compare_shape`` (its seed depends on the shape only), and a
-    configuration passes only when every shape of its drafter's ``probe_shapes()``
-    is bit-identical, as ``decide`` requires."""
-
-    def __init__(self):
-        self.results = {}
-        self._config = {}
-
-    def __call__(self, model, shapes, allow_inexact: bool = False, adapter=None):
-        unsound = unsound_decision(model, shapes)
-        if unsound is not None:
-            return unsound
-        key = id(model)
-        if key not in self._config:
-            self._config[key] = configuration(model)
-        cfg = self._config[key]
-        got = []
-        for shape in (tuple(int(p) for p in s) for s in shapes):
-            # per adapter: the row-invariant verify is measured on its own
-            at = (key, shape, None if adapter is None else id(adapter))
-            if at not in self.results:
-                self.results[at] = compare_shape(model, shape, DRAWS, adapter=adapter)
-            got.append(self.results[at])
-        bad = [r for r in got if not r.identical]
-        where = f"{cfg['blas']}, {cfg['device']}"
-        if not bad:
-            return Decision(True, True, f"probe passed: {len(got)} shapes bit-identical to "
-                            f"single-token steps ({where})")
-        worst = functools.reduce(worst_diff, (r.max_abs_diff for r in bad))
-        flips = sum(r.argmax_flips for r in bad)
-        what = (f"{len(bad)} of {len(got)} shapes differ from single-token steps (max |diff| "
-                f"{worst:.3g}, {flips} argmax flips; first at M={bad[0].m}) on {where}, "
-                f"{cfg['dtypes']}")
-        if allow_inexact:
-            return Decision(True, False, f"INEXACT, running anyway (--allow-inexact): {what}")
-        return Decision(False, False, f"declined: {what}")
 
 
 # ----------------------------------------------------------------------------- the bench
@@ -411,8 +363,7 @@ def bench(target, draft, prompts: Sequence[Sequence[int]], configs: Sequence[Con
             skip(c, "probed")
             continue
         t0 = time.perf_counter()
-        rows_kw = {"adapter": c.adapter} if c.verify != "flat" else {}
-        d = decide(target, c.probe_shapes(), allow_inexact=allow_inexact, **rows_kw)
+        d = decide(target, c.probe_shapes(), allow_inexact=allow_inexact, **c.verify_kwargs())
         rows[c.name]["probe"] = {"run": d.run, "exact": d.exact, "reason": d.reason,
                                  "seconds": time.perf_counter() - t0}
         if not d.run or not d.exact and not allow_inexact:
