@@ -29,6 +29,8 @@ class SharedProbe:
 
     def __call__(self, model, shapes, allow_inexact: bool = False, adapter=None,
                  adapter_name: str = ADAPTER):
+        # adapter_name: decide's memo name, taken as decide takes it; the
+        # measurements here are keyed by the adapter object itself.
         unsound = unsound_decision(model, shapes)
         if unsound is not None:
             return unsound
@@ -39,7 +41,7 @@ class SharedProbe:
         got = []
         for shape in (tuple(int(p) for p in s) for s in shapes):
             # per adapter: the row-invariant verifies are measured on their own
-            at = (key, shape, adapter_name, None if adapter is None else id(adapter))
+            at = (key, shape, None if adapter is None else id(adapter))
             if at not in self.results:
                 self.results[at] = compare_shape(model, shape, DRAWS, adapter=adapter)
             got.append(self.results[at])

@@ -69,8 +69,9 @@ def position_reason(model, width: int, measure=position_census) -> Optional[str]
     """None where the census's position rows of ``model``'s own shapes, in
     its dtype, are identical at every width up to max(``width``, 16); else
     why rows that differ from a reference at the verify's width may differ
-    by the backend's placement, not a defect (the first row that differs). Measured once per shapes, dtype and width in a process
-    (``measure``: treespec.backend.census_position.position_census)."""
+    by the backend's placement, not a defect (the first row that differs).
+    Measured once per shapes, dtype and width in a process (``measure``:
+    treespec.backend.census_position.position_census)."""
     widest = max(width, WIDEST)
     dtype = model_dtype(model)
     key = (measure, tuple((s.op, s.shape) for s in model_specs(model)), dtype, widest)

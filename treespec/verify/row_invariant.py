@@ -7,9 +7,9 @@ attentions run depth by depth (treespec.verify.depth_steps: one query per
 node over exactly its history and root path, the projections once over all
 nodes); everything else is the tree path's (per-node RoPE positions, the
 tree-aware recurrence on hybrids, for chains too, the row-by-row norms and
-MLP over the T nodes). Chains go through it too: mlx-lm's chain verify attends with one
-causal call over the T queries, which is what a backend's attention kernel
-tiles by T.
+MLP over the T nodes). Chains go through it too: mlx-lm's chain verify
+attends with one causal call over the T queries, which is what a backend's
+attention kernel tiles by T.
 
 Whether its rows are then bit-identical to single steps is the backend's
 (a linear's rows at width T, an attention's rows on the batch axis: the
@@ -34,7 +34,6 @@ from ..tree import DraftTree
 from .adapter import TreeAdapter, Verified
 from .attention import Sites, tree_injected
 from .depth_steps import DepthSteps, KernelLinear, Layout, Projection, depth_groups, projections
-from .strategy import recurrent_strategy
 from .tree_recurrence import TreeRecurrence
 
 # what the row kernels may stand in for (an embedding: its as_linear, a tied head)
@@ -53,17 +52,16 @@ class RowAdapter(TreeAdapter):
     """A tree adapter whose verify is row-invariant (module docstring)."""
 
     def __init__(self, model, family, recurrent=None, found=None, walks=None):
-        # A chain through mlx-lm's multi-token recurrence (one conv1d and one
-        # gated-delta call over its T nodes, the state carried inside) hands a
-        # later node the bits of a T-token call, which classic decoding's
-        # one-token steps need not give (MLX CUDA: the census's "steps" rows
-        # differ from 2). Every node takes its own one-token recurrence step
-        # here, chains included: the tree-aware recurrence's chains=True.
-        if recurrent is None and family.recurrent is not None:
-            recurrent = recurrent_strategy(family.recurrent)
-            if isinstance(recurrent, TreeRecurrence):
-                recurrent.chains = True
         super().__init__(model, family, recurrent, found, walks)
+        # A chain through mlx-lm's multi-token recurrence (one conv1d, one
+        # gated-delta or ssm_update call over its T nodes, the state carried
+        # inside) gives later nodes a T-token call's bits, which the census's
+        # "steps" rows measure and the row width does not read (mamba2's
+        # ssm_update differs from 2 on every backend measured). Every node
+        # takes its own one-token step here, chains included: the default
+        # tree-aware recurrence with chains=True (a caller's strategy is kept).
+        if recurrent is None and isinstance(self.recurrent, TreeRecurrence):
+            self.recurrent.chains = True
 
     def _checked(self, tree: DraftTree, cache: Sequence, start: int, ropes: bool):
         if self._one_token:
