@@ -20,6 +20,14 @@ from pathlib import Path
 # the CPU backend has no TF32 and is unaffected. xdist workers and the
 # suites' subprocesses inherit it.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
+# cuDNN attention off on CUDA, as every treespec command turns it off
+# (treespec/backend/cuda.py), so that the suite measures what the commands
+# run. It also changes the arithmetic: on the H100 in bfloat16 it made
+# multi-token attention differ from one-token steps where MLX's own kernels
+# do not (gemma3_text's tree rows on a wrapped ring: 6 of 39 bit-exact with
+# it, 30 without; results/half-power/README.md#cudnn-attention-and-the-suite).
+# A caller's own setting is kept, and keys the goldens (blas.regime).
+os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
 
 import pytest
 from hypothesis import HealthCheck, settings

@@ -72,19 +72,22 @@ def test_the_probe_key_names_the_weights_quantization(bits, group_size):
     assert config["weight_quant"] == ([] if bits is None else [f"{bits}bit/g{group_size}"])
 
 
-def test_the_probe_key_names_the_machine_and_the_tf32_setting(monkeypatch):
+@pytest.mark.parametrize("switch, name", [("MLX_ENABLE_TF32", "tf32"),
+                                          ("MLX_CUDA_USE_CUDNN_SDPA", "cudnn_attention")])
+def test_the_probe_key_names_the_machine_and_the_arithmetic_switches(switch, name, monkeypatch):
     """What can change a verdict besides the model and the BLAS is in the key:
     the device's name (a GPU model, an Apple chip, a paravirtual GPU), the OS,
-    and MLX's TF32 switch (float32 at TF32 precision on CUDA and M5)."""
+    MLX's TF32 switch (float32 at TF32 precision on CUDA and M5) and its cuDNN
+    attention switch (another rounding of multi-token attention on CUDA)."""
     model = zoo.build("llama")
-    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    monkeypatch.setenv(switch, "0")
     off = configuration(model)
     assert off["machine"]["device_name"] == mx.device_info()["device_name"]
     assert off["machine"]["os"] == f"{platform.system()} {platform.release()}"
-    monkeypatch.setenv("MLX_ENABLE_TF32", "1")
+    monkeypatch.setenv(switch, "1")
     on = configuration(model)
-    assert (off["tf32"], on["tf32"]) == ("0", "1")
+    assert (off[name], on[name]) == ("0", "1")
     # Two probes, not one memo: the setting is in the key the memo is read by.
     key_on = probe(model, [(-1, 0, 0)]).key
-    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    monkeypatch.setenv(switch, "0")
     assert probe(model, [(-1, 0, 0)]).key != key_on

@@ -171,13 +171,15 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     position rows the same-width reference consults (a test plants one)."""
     refs = mx.stack([classic(model, clone(before), [tree.tokens[j] for j in tree.path_to(i)])[-1]
                      for i in range(len(tree))])
-    why = ""
+    why, placement = "", None
     if not mx.array_equal(logits, refs).item():
         # The same root-path forwards at the verify's width may still match bit
         # for bit: proven on any backend, no envelope needed
         # (treespec.evidence.same_width); a difference is judged below, with the
         # census's note where it measures a row's bits depending on its place.
         same, why = same_width_rows(model, before, tree)
+        if same is None:  # a ring's layout: the envelope never saw its keys' placement
+            placement = lambda: position_reason(model, len(tree), measure)  # noqa: E731
         if same is not None and not mx.array_equal(logits, same).item():
             why = position_reason(model, len(tree), measure) or ""
         elif same is not None:
@@ -189,7 +191,8 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     kv_bits, kv_group = kv or (None, None)
     env = lambda: numerics.envelope(model, context, numerics.widths_of(tree, 2), kv_bits, kv_group)
     controls = lambda: numerics.controls(model, before, tree, refs)
-    verdict = numerics.judge(logits, refs, env, controls, what="node rows vs root-path forwards")
+    verdict = numerics.judge(logits, refs, env, controls, what="node rows vs root-path forwards",
+                             placement=placement)
     if why and verdict.word != numerics.BIT_EXACT:
         verdict = replace(verdict, detail="; ".join(x for x in (verdict.detail, why) if x))
     return verdict

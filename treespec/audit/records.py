@@ -128,10 +128,11 @@ class Tally:
         self.judged: List[numerics.Verdict] = []  # the non-bit-exact verdicts
 
     def compare(self, got: mx.array, want: mx.array, where: dict, env=None,
-                controls=None) -> bool:
+                controls=None, placement=None) -> bool:
         """``env``: the envelope (or a callable) two forwards of different widths
         are judged with (treespec.evidence.numerics.judge); without one, bit identity
-        is required. ``controls``: the comparison's own negative controls."""
+        is required. ``controls``: the comparison's own negative controls;
+        ``placement``: judge's (a ring layout the envelope did not measure)."""
         self.count += 1
         if got.shape == want.shape and mx.array_equal(got, want).item():
             self.words[numerics.BIT_EXACT] += 1
@@ -144,7 +145,7 @@ class Tally:
         self.worst = max(self.worst, diff) if diff == diff else float("nan")
         verdict = None
         if env is not None and got.shape == want.shape:
-            verdict = numerics.judge(got, want, env, controls)
+            verdict = numerics.judge(got, want, env, controls, placement=placement)
             if verdict.ok:
                 self.words[verdict.word] += 1
                 self.judged.append(verdict)

@@ -5,6 +5,7 @@ forward over its root path, in every cache mode (contract 6). On a
 sliding-window ring the reference is classic decoding's one-token steps
 (``states.classic``): the verify lays the ring out as they see it."""
 
+import functools
 import random
 from typing import List
 
@@ -156,11 +157,13 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
             for i in range(len(tree)):
                 path = tree.path_to(i)
                 refs.append(classic(model, clone(base), [tree.tokens[j] for j in path])[-1])
-            refs = mx.stack(refs)
+            refs, placement = mx.stack(refs), None
             if not mx.array_equal(logits, refs).item():
                 # Proven where the rows equal the same root-path forwards at the
                 # verify's width (treespec.evidence.same_width), else judged.
                 same, why = same_width_rows(model, base, tree)
+                if same is None:  # a ring's layout: keys placed as the envelope never saw
+                    placement = functools.partial(position_reason, model, len(tree))
                 if same is not None and mx.array_equal(logits, same).item():
                     refs, proven = same, proven + 1
                 else:
@@ -171,7 +174,7 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
             controls = _controls(model, base, tree, refs)
             for i in range(len(tree)):
                 tally.compare(logits[i], refs[i], {**where, "node": i, "path": tree.path_to(i)},
-                              env=env, controls=controls)
+                              env=env, controls=controls, placement=placement)
     if tally.refused and tally.count:
         tally.note(f"{len(tally.refused)} trees refused ({tally.refused[0]})")
     for why in sorted(unproven):

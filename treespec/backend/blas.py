@@ -30,6 +30,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .cuda import cudnn_attention_on
+
 __all__ = [
     "BlasInfo",
     "BlasUnavailable",
@@ -324,21 +326,27 @@ def regime(info: BlasInfo | None = None) -> str:
     exactly is measured, never read off the name."""
     info = info or detect()
     if info.name == "gpu":
-        return gpu_regime(_gpu_backend(), str(mx.device_info().get("device_name", "")))
+        return gpu_regime(_gpu_backend(), str(mx.device_info().get("device_name", "")),
+                          cudnn_attention_on(os.environ))
     if info.name == "unknown" and info.library:
         return "unknown-" + re.sub(r"[^a-z0-9]+", "-", _where(info.library).lower()).strip("-")
     return info.name
 
 
-def gpu_regime(backend: str, device_name: str) -> str:
+def gpu_regime(backend: str, device_name: str, cudnn_attention: bool = False) -> str:
     """A GPU's regime: ``cuda`` for every NVIDIA GPU (the H100 and H200 goldens
     agree: golden/e2e/cuda/), and on Metal the chip's own name, because MLX
     picks Metal kernels by the chip's architecture and GitHub's macOS runners
     give it an "Apple Paravirtual device" whose kernel choices differ again:
     ``metal-apple-m2-max``, ``metal-apple-paravirtual-device``. Goldens
     recorded on a laptop never stand for the runner, nor one chip's for
-    another's."""
+    another's. On CUDA with cuDNN attention on (``cudnn_attention``: treespec
+    and the suite turn it off unless the caller set it) ``cuda-cudnn-attention``:
+    its multi-token attention rounds otherwise, which changed 12 of the CUDA
+    goldens' texts on the H100 (mlx_lm.generate's own prefill included)."""
     slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    if backend == "cuda" and cudnn_attention:
+        return "cuda-cudnn-attention"
     return f"metal-{slug}" if backend == "metal" and slug else backend
 
 

@@ -45,6 +45,7 @@ from .. import caches
 from . import gate_memo
 from ..backend.attention_check import AttentionCheck, interleaved_rows_match
 from ..backend.blas import detect
+from ..backend.cuda import CUDNN_SDPA
 from ..errors import TreeRefused
 from ..models import model_type, prefilled, vocab_size
 from ..options import MAX_DRAFT_NODES
@@ -222,6 +223,9 @@ def configuration(model: nn.Module, params=None) -> dict:
         # MLX multiplies float32 as TF32 where the hardware has it unless this is 0:
         # read every call (a process may set it), and named even where it does nothing.
         "tf32": os.environ.get("MLX_ENABLE_TF32", "unset"),
+        # cuDNN attention (CUDA; treespec's commands turn it off): another rounding
+        # of a multi-token attention, so a verdict measured with it holds only with it.
+        "cudnn_attention": os.environ.get(CUDNN_SDPA, "unset"),
         "mlx": mx.__version__,
     }
 
