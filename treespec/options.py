@@ -336,12 +336,10 @@ class DecodeOptions:
         if self.block is not None and self.budget is not None:
             raise OptionError(f"{spell('block', self.block)} and {spell('budget', self.budget)} "
                               "both size the confidence tree; give one")
-        if self.sampled:
-            which = (f"{spell('draft_head', True)}'s EAGLE-2 dynamic tree" if self.draft_head
-                     else "the confidence tree")
+        if self.sampled and not self.draft_head:  # a head's dynamic tree draws its children
             raise OptionError(f"{spell.mode('tree')} at {spell('temperature', self.temperature)} "
                               f"needs a fixed shape ({spell('branching')} or "
-                              f"{spell('parents')}): {which} drafts greedily")
+                              f"{spell('parents')}): the confidence tree drafts greedily")
 
     def _check_batch_levels(self, spell):
         """``batch_levels`` changes how a fixed tree's levels of several fed

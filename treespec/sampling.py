@@ -42,6 +42,7 @@ import numpy as np
 
 from .checks import integer
 from .draft import DraftRound, FixedTreeDrafter
+from .draft.dynamic import sampled_dynamic_round
 from .draft.head import HeadDrafter, head_refusal
 from .errors import OptionError, SamplingRefused
 from .kv_options import DEFAULT as DEFAULT_KV
@@ -207,18 +208,23 @@ class SampledHeadDrafter(_Bound, HeadDrafter):
     greedy). ``q`` is over the target's vocabulary, as the head's logits
     are: an EAGLE-3 head's reduced draft vocabulary gives its other tokens
     logit -inf, so q = 0 there, which the rule allows (it never proposes
-    them; the target's mass on them goes to the residual). EAGLE-2's
-    dynamic tree ranks children greedily and is refused, as the
-    confidence tree is for a draft model."""
+    them; the target's mass on them goes to the residual). Mode ``"tree"``
+    without a shape: EAGLE-2's dynamic tree with drawn children and no
+    pruning after the draw (treespec.draft.dynamic.sampled_dynamic_round
+    says why that keeps the rule exact)."""
 
     def __init__(self, head, mode: str = "chain", block: Optional[int] = None,
                  branching=None, parents=None, params: Optional[SamplingParams] = None,
-                 rng: Optional[np.random.Generator] = None):
-        if mode == "tree" and branching is None and parents is None:
-            raise ValueError("a sampled head drafter needs a chain or a fixed shape (branching "
-                             "or parents): EAGLE-2's dynamic tree ranks its children greedily")
-        super().__init__(head, mode, block=block, branching=branching, parents=parents)
+                 rng: Optional[np.random.Generator] = None, budget: Optional[int] = None,
+                 width: Optional[int] = None, depth: Optional[int] = None):
+        super().__init__(head, mode, block=block, branching=branching, parents=parents,
+                         budget=budget, width=width, depth=depth)
         self.params, self.rng = params, rng
+
+    def _dynamic_round(self, root, logits, hidden, budget) -> SampledRound:
+        rnd, q = sampled_dynamic_round(self, root, logits, hidden, budget, self.params.probs,
+                                       lambda q, k: sample_without_replacement(q, k, self.rng))
+        return pruned(rnd, q.__getitem__)
 
     def draft(self, root: int, limit: Optional[int] = None) -> SampledRound:
         self._check_bound()
@@ -367,7 +373,8 @@ def decode_sampled(target, prompt: Sequence[int], draft_model, options: DecodeOp
             raise OptionError(f"draft_head: {why}")
     if drafter is None and options.draft_head:
         drafter = SampledHeadDrafter(draft_model, mode, block=options.resolved_block,
-                                     branching=options.branching, parents=options.parents)
+                                     branching=options.branching, parents=options.parents,
+                                     budget=options.budget, width=options.width)
     elif drafter is None:
         drafter = make_sampled_drafter(mode, block=options.resolved_block,
                                        branching=options.branching, parents=options.parents)

@@ -156,9 +156,9 @@ def test_text_is_classic_decodings_with_a_head_drafting(which, mode):
         assert result.stats.proposed > 0 and result.stats.mode == MODES[mode]["mode"]
 
 
-# Temperature > 0 draws the chain and fixed trees' children from the head's q
-# (treespec.sampling.SampledHeadDrafter); the dynamic tree drafts greedily.
-SAMPLED = [m for m in sorted(MODES) if not m.startswith("dynamic")]
+# Temperature > 0 draws every shape's children from the head's q
+# (treespec.sampling.SampledHeadDrafter), the dynamic tree's included.
+SAMPLED = sorted(MODES)
 
 
 @pytest.mark.parametrize("mode", SAMPLED)
@@ -298,7 +298,10 @@ def test_a_head_that_does_not_fit_the_target_is_refused_naming_draft_head(zoo_ll
     # sampled: top-k 1 leaves the target one token, so the text is still classic's
     (None, "pair-eagle3", ["--mode", "tree", "--tree-branching", "2,1", "--temp", "0.7",
                            "--top-k", "1", "--seed", "3"], "sampled-fixed"),
-], ids=["pair-eagle3-dynamic", "qwen3_5-own-mtp-chain", "pair-eagle3-sampled-tree"])
+    (None, "pair-eagle3", ["--mode", "tree", "--budget", "5", "--width", "2", "--temp", "0.7",
+                           "--top-k", "1", "--seed", "3"], "sampled-dynamic"),
+], ids=["pair-eagle3-dynamic", "qwen3_5-own-mtp-chain", "pair-eagle3-sampled-tree",
+        "pair-eagle3-sampled-dynamic"])
 def test_generate_with_draft_head_prints_classic_decodings_text(capsys, model, head, shape, kind):
     """``treespec generate --draft-head DIR`` (the pair's shipped EAGLE-3
     head) and ``--draft-head mtp`` (a checkpoint's own MTP module), greedy
@@ -318,7 +321,6 @@ def test_generate_with_draft_head_prints_classic_decodings_text(capsys, model, h
 
 @pytest.mark.parametrize("flags,message", [
     (["--draft-model", "x"], "--draft-model and --draft-head: give one drafter"),
-    (["--temp", "0.5", "--mode", "tree"], "--draft-head's EAGLE-2 dynamic tree drafts greedily"),
     (["--mode", "classic"], "--draft-head acts only in chain or tree decoding"),
     (["--mode", "tree", "--tree-branching", "2,1", "--batch-levels"],
      "--batch-levels with --draft-head"),

@@ -12,21 +12,25 @@ suite's chi-square tests; see test_rule.py for the family-wise rate). The
 second token comes from a second round, through the committed caches,
 whenever the first round accepts nothing."""
 
+from types import SimpleNamespace
+
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_lm.models.cache import KVCache
 
 from suites.sampling import helpers_models as models
 from suites.sampling.helpers_stats import gof
 from suites.sampling.helpers import ALPHA
 from treespec.decoding import decode
 from treespec.draft import ChainDrafter
+from treespec.draft.dynamic import sampled_dynamic_round
 from treespec.draft.head import HeadDrafter
 from treespec.options import DecodeOptions
 from treespec.rounds import Loop
+from treespec.sampling_rule import sample_without_replacement
 from treespec.sampling import (
     SampledChainDrafter,
-    SampledHeadDrafter,
     SampledTreeDrafter,
     SamplingParams,
     SamplingRefused,
@@ -50,6 +54,13 @@ CASES = {
                                      sampling=dict(temperature=1.0)),
     "head-tree-2x2-T0.8-k8-p0.95": dict(mode="tree", branching=(2, 2), head="plain",
                                         sampling=dict(temperature=0.8, top_k=8, top_p=0.95)),
+    # EAGLE-2's dynamic tree with drawn children (treespec.draft.dynamic): the
+    # budget capped at max_tokens - 1 = 3 nodes, the root's 2 draws and one
+    # more under the likelier of them. Tried: with each node's children its
+    # top-k instead of draws (q still reported), and with the greedy tree's
+    # re-ranking of every draw to the budget, the joint test fails (p ~ 1e-196, 2e-8).
+    "head-dynamic-w2-T1": dict(mode="tree", budget=6, width=2, head="plain",
+                               sampling=dict(temperature=1.0)),
 }
 
 
@@ -155,9 +166,56 @@ def test_refusals_name_the_problem():
     with pytest.raises(ValueError, match="needs bind"):
         SampledChainDrafter(3).draft(1)
     head = models.head()
-    with pytest.raises(ValueError, match="dynamic tree ranks its children greedily"):
-        SampledHeadDrafter(head, "tree")
     with pytest.raises(ValueError, match="sampled drafter"):
         decode_sampled(t, models.PROMPT, head, DecodeOptions(mode="chain", temperature=1.0,
                                                              draft_head=True),
                        drafter=HeadDrafter(head))
+
+
+class _StubHead:
+    """A head for the sampled dynamic round alone: logits a seeded function of
+    the fed tokens (so every node's q differs), hidden states of one width."""
+
+    def __init__(self, vocab: int = 16):
+        self.w = mx.random.normal((vocab, vocab), key=mx.random.key(5))
+
+    def __call__(self, tokens, feats, cache, own=True):
+        logits = self.w[tokens]  # (rows, 1, V)
+        return logits, mx.zeros((tokens.shape[0], 1, 4))
+
+
+@pytest.mark.parametrize("budget,width,depth", [(6, 2, 3), (9, 3, 4), (3, 4, 2)])
+def test_the_sampled_dynamic_tree_keeps_every_nodes_first_draws_and_prunes_nothing(budget, width,
+                                                                                 depth):
+    """The property the rule needs (treespec.draft.dynamic): each node's
+    children are the first draws of its own draw order, in order, however
+    many the budget left it; per depth only the ``width`` likeliest new nodes
+    (by cumulative log q) are expanded; the budget bounds the nodes. Checked
+    against the draws the round was handed, recorded. Tried: with the round
+    keeping the budget best of all draws (the greedy tree's re-ranking), the
+    first-draws assertion fails."""
+    rng, draws = np.random.default_rng(1), []
+    params = SamplingParams(1.0)
+
+    def draw(q, k):
+        order = sample_without_replacement(q, k, rng)
+        draws.append(order)
+        return order
+
+    head = _StubHead()
+    drafter = SimpleNamespace(head=head, width=width, depth=depth, cache=[KVCache()],
+                              _round_offset=0)
+    logits, hidden = head(mx.array([[3]]), None, None)
+    rnd, q = sampled_dynamic_round(drafter, 3, logits[:, -1], hidden[:, -1], budget,
+                                   params.probs, draw)
+    tree, depths = rnd.tree, rnd.tree.depths()
+    assert 1 < len(tree) <= budget + 1 and max(depths) <= depth
+    assert set(q) == {n for n in range(len(tree)) if tree.children(n)}
+    for d, order in enumerate(draws):  # forward d's rows: depth d's likeliest, in that order
+        level = [n for n in range(len(tree)) if depths[n] == d]
+        frontier = [0] if d == 0 else sorted(level, key=lambda n: (-rnd.logprobs[n], n))[:width]
+        assert {n for n in level if tree.children(n)} <= set(frontier)
+        for node, row in zip(frontier, order):
+            kids = [tree.tokens[c] for c in tree.children(node)]
+            assert len(kids) <= width and kids == [int(t) for t in row[:len(kids)]], \
+                (node, kids, row)

@@ -12,19 +12,32 @@ by cumulative log-probability are kept (Li et al., EAGLE-2, section 4.2).
 Why the kept set is a tree: a child's cumulative log-probability is its
 parent's plus a log-probability <= 0, so a kept child's parent scores at
 least as high; on a tie the stable sort keeps the parent, created first.
+
+At temperature > 0 (:func:`sampled_dynamic_round`) the children are drawn
+instead, and the tree is never pruned after the draw: the multi-draft rule
+(treespec.sampling_rule) is exact only where each node's children are the
+first draws without replacement from its q, their number fixed before they
+are drawn. Keeping the budget best of all candidates would keep a node's
+children by their own values (its likeliest draws), a law the rule does not
+correct. What the rule allows, and the sampled tree uses: which nodes get
+children, and how many, may depend on anything drawn before them (their own
+token and score, their siblings' and cousins'), because the rule at a node
+reads only its own children's tokens and its own coins, and a node's
+children are drawn from fresh randomness whatever decided their count.
 """
 
 import random
 from typing import Sequence
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from ..evidence.gate import shapes_for
 from ..tree import DraftTree
 from .base import DraftRound, top_children
 
-__all__ = ["dynamic_round", "dynamic_shapes", "take_rows"]
+__all__ = ["dynamic_round", "dynamic_shapes", "sampled_dynamic_round", "take_rows"]
 
 
 def take_rows(cache: Sequence, rows: mx.array) -> list:
@@ -88,6 +101,49 @@ def dynamic_round(drafter, root: int, logits: mx.array, hidden: mx.array,
                      DraftTree([root], [-1]), forwards=forwards)
     rnd.logprobs = {j + 1: cum[c] for j, c in enumerate(kept)}
     return rnd
+
+
+def sampled_dynamic_round(drafter, root: int, logits: mx.array, hidden: mx.array, budget: int,
+                          probs, draw):
+    """The dynamic tree at temperature > 0 (see the module docstring):
+    ``(round, q)``, ``q`` the distribution each node with children drew
+    them from. ``probs(logits)``: the processed draft distributions of a
+    head forward's rows (numpy [rows, V]); ``draw(q, k)``: each row's first
+    ``k`` draws without replacement, in draw order, -1 past its support
+    (treespec.sampling_rule.sample_without_replacement). Per depth, every
+    frontier node draws ``width`` children, as many as the ``budget`` still
+    allows in frontier order (so a count is fixed before its draws); the
+    next frontier is the ``width`` new nodes of highest cumulative draft
+    log-probability, fed to the head in one forward, as greedy."""
+    head, k = drafter.head, min(drafter.width, logits.shape[-1])
+    tokens, parents, cum, q_of = [root], [-1], [0.0], {}
+    q, frontier, rows = probs(logits), [0], [0]  # frontier nodes, their parents' rows
+    rows_cache, feats, forwards = drafter.cache, hidden, 1
+    for d in range(drafter.depth):
+        order, new = draw(q, k), []
+        for r, node in enumerate(frontier):
+            for t in order[r][: budget - (len(tokens) - 1)]:
+                if t < 0:  # past q's support
+                    break
+                q_of[node] = q[r]
+                new.append((len(tokens), r))
+                tokens.append(int(t))
+                parents.append(node)
+                cum.append(cum[node] + float(np.log(q[r][t])))
+        if d + 1 == drafter.depth or len(tokens) - 1 >= budget or not new:
+            break
+        best = sorted(new, key=lambda x: -cum[x[0]])[:k]  # stable: ties in creation order
+        frontier, rows = [n for n, _ in best], [r for _, r in best]
+        pick = mx.array(rows, dtype=mx.int32)
+        rows_cache = take_rows(rows_cache, pick)
+        fed = mx.array([tokens[n] for n in frontier], dtype=mx.int32)[:, None]
+        logits, hidden = head(fed, mx.take(feats, pick, axis=0)[:, None], rows_cache, own=True)
+        logits, feats = logits[:, -1], hidden[:, -1]
+        q, forwards = probs(logits), forwards + 1
+    rnd = DraftRound(DraftTree(tokens, parents), [0] + [-1] * (len(tokens) - 1),
+                     drafter._round_offset, DraftTree([root], [-1]), forwards=forwards)
+    rnd.logprobs = {i: cum[i] for i in range(1, len(tokens))}
+    return rnd, q_of
 
 
 def dynamic_shapes(budget: int, width: int) -> list:

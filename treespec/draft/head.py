@@ -216,8 +216,11 @@ class HeadDrafter(Drafter):
         self._fed, self.pending, self._pending_features = True, [], None
         logits, hidden = logits[:, -1], hidden[:, -1]
         if self.kind == "dynamic":
-            return dynamic_round(self, root, logits, hidden, budget)
+            return self._dynamic_round(root, logits, hidden, budget)
         return self._fixed_round(root, logits, hidden, budget)
+
+    def _dynamic_round(self, root, logits, hidden, budget) -> DraftRound:
+        return dynamic_round(self, root, logits, hidden, budget)
 
     def levels(self, n: int) -> _Levels:
         """The first ``n`` nodes of the shape, level by level (built once)."""
