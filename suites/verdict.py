@@ -64,6 +64,12 @@ def exact_backend() -> bool:
     return not _differing()
 
 
+def exact_dtype(dtype: str) -> bool:
+    """:func:`exact_backend` for one dtype ("float16", ...): no census row of
+    that dtype differs from its row alone (measured, as there)."""
+    return not any(r.dtype == dtype for r in _differing())
+
+
 @functools.lru_cache(maxsize=None)
 def _differing() -> tuple:
     """The census rows that deny exactness: a row that differs from the row

@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 
 from suites.heads import helpers
+from suites.verdict import exact_dtype
+from treespec.backend.blas import regime
+from treespec.backend.census_shapes import model_dtype
 from treespec import zoo
 from treespec.heads.base import FINAL
 from treespec.heads.eagle3 import Eagle3Head
@@ -79,8 +82,15 @@ def test_an_mtp_heads_forward_is_its_raw_tensors_through_mlx_lms_own_layer(layou
     seq_feats = mx.concatenate([feats, hidden[:, -1:]], axis=1)
     ref_step, _ = helpers.mtp_reference(model, family, params, seq_tokens, seq_feats, eps)
     assert cache[0].offset == TOKENS.shape[1] + 1
-    np.testing.assert_allclose(np.array(step_logits[0, -1], dtype=np.float32),
-                               np.array(ref_step[0, -1], dtype=np.float32), rtol=0, atol=1e-4)
+    # A one-token step against the last row of a forward of another width: equal
+    # bit for bit where the census measures this dtype's rows width-invariant;
+    # elsewhere there is no envelope for it (an MLX CUDA float16 pair: one ulp).
+    dtype = model_dtype(head)
+    if not exact_dtype(dtype):
+        pytest.skip(f"inconclusive on {regime()}: the head's step against the reference's "
+                    f"last row compares forwards of different widths, and the census measures "
+                    f"{dtype} rows depending on the width here (no envelope)")
+    assert mx.array_equal(step_logits[0, -1], ref_step[0, -1]).item()
 
 
 @pytest.mark.parametrize("layout", EAGLE3_LAYOUTS)

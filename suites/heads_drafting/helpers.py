@@ -2,7 +2,7 @@
 independent references (the target's features from a plain mlx-lm forward,
 a fresh head fed the accepted text), and the planted defective drafters."""
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -10,7 +10,9 @@ import numpy as np
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from treespec.audit.head_props import HeadStateRecorder as Recorder, state_difference
+from treespec.audit.head_props import HeadStateRecorder as Recorder
+from treespec.audit.head_props import classic_features, fresh_cache_rows, state_difference
+from treespec.evidence.verdicts import SAFETY, TRIANGLE
 from treespec.draft.head import HeadDrafter
 from treespec.heads.base import FINAL
 
@@ -72,7 +74,31 @@ def reference_features(target, tokens: Sequence[int], taps) -> mx.array:
     return mx.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
 
 
-def check_against_fresh_head(head, target, prompt, recorder: Recorder, atol: float):
+def widths_bounds(head, target, prompt, text, feats) -> tuple:
+    """(cache bound, feature bound): ``TRIANGLE x SAFETY`` x this backend's
+    rounding across forward widths, measured here on ``text`` between two
+    computations correct by construction at the extreme widths: the
+    target's features from classic decoding's one-token steps
+    (treespec.audit.head_props.classic_features) against ``feats`` (one
+    plain forward), and a fresh head fed the steps' features one pair a
+    forward against one fed ``feats`` in one forward. The rounds' states
+    come from widths in between. (0, 0) on an exact backend: bit identity.
+    The factor is the suite's pass rule's (treespec.evidence.verdicts)."""
+    steps = classic_features(target, prompt, text, head.taps)
+    n = feats.shape[1] - 1
+    one = fresh_cache_rows(head, text, feats, n)
+    stepped = fresh_cache_rows(head, text, steps, n, steps=True)
+    own = max((float(np.abs(np.asarray(a[i], np.float64) - np.asarray(b[i], np.float64)).max())
+               for a, b in zip(one, stepped) if a is not None for i in (0, 1) if a[i].size),
+              default=0.0)
+    feat = float(np.abs(np.array(steps.astype(mx.float32), np.float64)
+                        - np.array(feats.astype(mx.float32), np.float64)).max())
+    factor = TRIANGLE * SAFETY
+    return factor * own, factor * feat
+
+
+def check_against_fresh_head(head, target, prompt, recorder: Recorder,
+                             atol: Optional[float] = None):
     """Every round's head state against an independent recomputation: the
     accepted text's features from a plain forward of the target
     (``reference_features``, read off mlx-lm's modules), a fresh head cache
@@ -82,12 +108,14 @@ def check_against_fresh_head(head, target, prompt, recorder: Recorder, atol: flo
     text[L + 1 ..] of the committed text and the features of positions L ..
     (one more than tokens: the last pairs with the next root). The
     comparison is the audit's head-state row's (treespec.audit.head_props),
-    here with this suite's own reference features. AssertionError naming
-    the round."""
+    here with this suite's own reference features, within
+    :func:`widths_bounds` (``atol``: one bound for both, given). AssertionError
+    naming the round."""
     text = list(prompt) + recorder.emitted
     feats = reference_features(target, text, head.taps)
-    first, _, _ = state_difference(head, text, feats, recorder.rounds, atol)
-    assert first is None, first["message"]
+    bounds = widths_bounds(head, target, prompt, text, feats) if atol is None else (atol, atol)
+    first, _, _ = state_difference(head, text, feats, recorder.rounds, *bounds)
+    assert first is None, f"{first['message']} (bounds {bounds[0]:.3g}, {bounds[1]:.3g})"
 
 
 # -- planted defects (passed in as drafters, never patched in) -------------
