@@ -22,6 +22,7 @@ from treespec.audit.verify_props import check_tree_verify
 from treespec.evidence import numerics
 from treespec.evidence.controls import clone, control_rows
 from treespec.backend.census import Row
+from treespec.backend.census_position import position_census
 from treespec.evidence.same_width import padded_rows, position_reason, same_width_rows
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
@@ -120,14 +121,14 @@ def test_on_a_ring_without_room_a_difference_the_envelope_never_saw_placed_is_in
     env = numerics.envelope(model, 3, numerics.widths_of(TREE, 2))
     if not env.exact:
         pytest.skip(f"the envelope is not 0 here ({env.line()}): judged against it instead")
-    measure = placed_rows if census == "placement-dependent" else None
-    why = position_reason(model, len(TREE), *([measure] if measure else []))
-    if measure is None and why is not None:
+    planted = census == "placement-dependent"
+    measure = placed_rows if planted else position_census
+    why = position_reason(model, len(TREE), measure)
+    if not planted and why is not None:
         pytest.skip(f"this backend's census measures placement: {why}")
     leaked = control_rows(model, before, TREE)["leaked sibling"]
-    kw = {"measure": measure} if measure else {}
-    verdict = helpers.root_path_verdict(model, before, TREE, leaked, **kw)
-    if measure is None:
+    verdict = helpers.root_path_verdict(model, before, TREE, leaked, measure=measure)
+    if not planted:
         assert verdict.word == numerics.FAIL, verdict.line()
     else:
         assert verdict.word == numerics.INCONCLUSIVE and why in verdict.detail, verdict.line()

@@ -117,7 +117,7 @@ def sampled_dynamic_round(drafter, root: int, logits: mx.array, hidden: mx.array
     log-probability, fed to the head in one forward, as greedy."""
     head, k = drafter.head, min(drafter.width, logits.shape[-1])
     tokens, parents, cum, q_of = [root], [-1], [0.0], {}
-    q, frontier, rows = probs(logits), [0], [0]  # frontier nodes, their parents' rows
+    q, frontier = probs(logits), [0]  # the nodes q's rows belong to
     rows_cache, feats, forwards = drafter.cache, hidden, 1
     for d in range(drafter.depth):
         order, new = draw(q, k), []
@@ -133,8 +133,8 @@ def sampled_dynamic_round(drafter, root: int, logits: mx.array, hidden: mx.array
         if d + 1 == drafter.depth or len(tokens) - 1 >= budget or not new:
             break
         best = sorted(new, key=lambda x: -cum[x[0]])[:k]  # stable: ties in creation order
-        frontier, rows = [n for n, _ in best], [r for _, r in best]
-        pick = mx.array(rows, dtype=mx.int32)
+        frontier = [n for n, _ in best]
+        pick = mx.array([r for _, r in best], dtype=mx.int32)  # their parents' rows
         rows_cache = take_rows(rows_cache, pick)
         fed = mx.array([tokens[n] for n in frontier], dtype=mx.int32)[:, None]
         logits, hidden = head(fed, mx.take(feats, pick, axis=0)[:, None], rows_cache, own=True)
