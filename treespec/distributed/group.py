@@ -75,14 +75,20 @@ def stray(flags: str) -> Optional[str]:
 def gather(group, values: np.ndarray) -> np.ndarray:
     """Every rank's ``values`` (same shape and dtype on each), rank r's at row r.
 
-    On mlx-lm's generation stream, the one the rounds' all-reduces run on: a
-    collective pairs the ranks' calls by their order, and mlx-lm's classic
-    decoding leaves one forward in flight (it evaluates the next token ahead),
-    so a gather on another stream could interleave with that forward's
-    all-reduces (under OpenBLAS it did: the ranks gathered each other's
-    activations as token counts)."""
-    out = mx.distributed.all_gather(mx.array(values[None]), group=group,
-                                    stream=generation_stream)
+    A collective pairs the ranks' calls by their order alone, and mlx-lm's
+    classic decoding leaves one forward in flight on its generation stream
+    (it evaluates the next token ahead): so the gather first waits for
+    everything already on that stream, with its all-reduces, and only then
+    runs, on the CPU's stream. Run on the generation stream itself it would
+    be ordered too, but MLX 0.32.4's CUDA build fails any collective over
+    the ring backend on a GPU stream other than the thread's default one
+    ("There is no Stream(cpu, N) in current thread"), while the CPU stream
+    works on every build measured (results/distributed/README.md). Without the
+    wait, a gather on another stream interleaved with that forward's
+    all-reduces under OpenBLAS: the ranks gathered each other's activations
+    as token counts."""
+    mx.synchronize(generation_stream)
+    out = mx.distributed.all_gather(mx.array(values[None]), group=group, stream=mx.cpu)
     return np.array(out)
 
 
