@@ -55,6 +55,31 @@ def test_a_difference_within_the_bound_passes_only_if_the_controls_separate():
     assert numerics.judge(a.at[0, 0].add(float("nan")), a, _envelope(e, far)).word == numerics.FAIL
 
 
+def test_a_control_short_of_the_separation_counts_only_where_isolation_catches_it():
+    # treespec.evidence.isolation: a defect the verify is proved isolated from
+    # needs no separation from the envelope; every other control still does.
+    a = mx.zeros((3, 8))
+    e = 1e-3
+    bound = numerics.TRIANGLE * numerics.SAFETY * e
+    b = a.at[1, 2].add(0.5 * bound)
+    c = {"positions": numerics.SEPARATION * bound * 1.01, "sibling": numerics.SEPARATION * bound * 0.3}
+    env = _envelope(e, c)
+    assert numerics.judge(b, a, env).word == numerics.INCONCLUSIVE
+    v = numerics.judge(b, a, env, isolation={"sibling": True, "positions": False})
+    assert v.word == numerics.WITHIN and "sibling" in v.detail and "caught by isolation" in v.detail
+    assert numerics.judge(b, a, env, isolation={"sibling": False, "positions": True}).word == \
+        numerics.INCONCLUSIVE
+    assert numerics.judge(b, a, env, isolation=lambda: None).word == numerics.INCONCLUSIVE
+
+    def never():
+        raise AssertionError("isolation consulted where it cannot change the verdict")
+
+    # not consulted where every control separates, nor for a difference beyond the bound
+    assert numerics.judge(b, a, _envelope(e, {"positions": c["positions"]}), isolation=never).word == \
+        numerics.WITHIN
+    assert numerics.judge(a.at[0, 0].add(1.1 * bound), a, env, isolation=never).word == numerics.FAIL
+
+
 def test_a_tree_path_that_differs_from_the_plain_forward_does_not_widen_the_bound():
     ok = _envelope(1e-6, tree=3e-6, tvp=numerics.TRIANGLE * numerics.SAFETY * 1e-6)
     assert ok.tree_ok and ok.value == 3e-6

@@ -16,6 +16,7 @@ from suites.verdict import VERIFY, expect
 from treespec import caches, zoo
 from treespec.evidence import numerics
 from treespec.backend.census_position import position_census
+from treespec.evidence.isolation import isolation
 from treespec.evidence.same_width import position_reason, same_width_rows
 from treespec.audit.states import (
     CacheMode,
@@ -191,8 +192,9 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     kv_bits, kv_group = kv or (None, None)
     env = lambda: numerics.envelope(model, context, numerics.widths_of(tree, 2), kv_bits, kv_group)
     controls = lambda: numerics.controls(model, before, tree, refs)
+    proof = lambda: isolation(model, before, tree)  # noqa: E731
     verdict = numerics.judge(logits, refs, env, controls, what="node rows vs root-path forwards",
-                             placement=placement)
+                             placement=placement, isolation=proof)
     if why and verdict.word != numerics.BIT_EXACT:
         verdict = replace(verdict, detail="; ".join(x for x in (verdict.detail, why) if x))
     return verdict

@@ -128,11 +128,12 @@ class Tally:
         self.judged: List[numerics.Verdict] = []  # the non-bit-exact verdicts
 
     def compare(self, got: mx.array, want: mx.array, where: dict, env=None,
-                controls=None, placement=None) -> bool:
+                controls=None, placement=None, isolation=None) -> bool:
         """``env``: the envelope (or a callable) two forwards of different widths
         are judged with (treespec.evidence.numerics.judge); without one, bit identity
         is required. ``controls``: the comparison's own negative controls;
-        ``placement``: judge's (a ring layout the envelope did not measure)."""
+        ``placement``, ``isolation``: judge's (a ring layout the envelope did
+        not measure; the controls the isolation proof catches)."""
         self.count += 1
         if got.shape == want.shape and mx.array_equal(got, want).item():
             self.words[numerics.BIT_EXACT] += 1
@@ -145,7 +146,8 @@ class Tally:
         self.worst = max(self.worst, diff) if diff == diff else float("nan")
         verdict = None
         if env is not None and got.shape == want.shape:
-            verdict = numerics.judge(got, want, env, controls, placement=placement)
+            verdict = numerics.judge(got, want, env, controls, placement=placement,
+                                     isolation=isolation)
             if verdict.ok:
                 self.words[verdict.word] += 1
                 self.judged.append(verdict)

@@ -12,6 +12,7 @@ from typing import List
 import mlx.core as mx
 
 from ..evidence import numerics
+from ..evidence.isolation import isolation
 from ..evidence.same_width import position_reason, same_width_rows
 from ..errors import TreeRefused
 from ..tree import DraftTree
@@ -107,13 +108,14 @@ def _verify_copy(tally, adapter, tree, base, hist, w, what, refused):
         return None
 
 
-def _controls(model, base, tree, refs):
-    """The tree's negative controls, run once and only if a comparison needs them."""
+def _once(measure):
+    """``measure()``, run once and only if a comparison needs it (the tree's
+    negative controls; its isolation proof)."""
     memo = []
 
     def run():
         if not memo:
-            memo.append(numerics.controls(model, base, tree, refs))
+            memo.append(measure())
         return memo[0]
 
     return run
@@ -171,10 +173,11 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
                     if why:
                         unproven.add(why)
             env = envelope(s, hist.offset, numerics.widths_of(tree, 2), mode)
-            controls = _controls(model, base, tree, refs)
+            controls = _once(functools.partial(numerics.controls, model, base, tree, refs))
+            proof = _once(functools.partial(isolation, model, base, tree))
             for i in range(len(tree)):
                 tally.compare(logits[i], refs[i], {**where, "node": i, "path": tree.path_to(i)},
-                              env=env, controls=controls, placement=placement)
+                              env=env, controls=controls, placement=placement, isolation=proof)
     if tally.refused and tally.count:
         tally.note(f"{len(tally.refused)} trees refused ({tally.refused[0]})")
     for why in sorted(unproven):

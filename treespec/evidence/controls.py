@@ -9,7 +9,7 @@ exists for would land outside it (treespec.evidence.verdicts, the separation rul
 
 import copy
 from contextlib import contextmanager
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -22,7 +22,7 @@ from ..verify import TreeAdapter, adapter_for
 from ..verify.attention import injected, tree_mask
 
 __all__ = ["CONTROLS", "RECURRENCE", "SUBSTITUTED", "FlatRecurrence", "adapter_or_none", "clone",
-           "control_rows", "controls", "max_abs_diff"]
+           "control_rows", "controls", "max_abs_diff", "verifiers"]
 
 CONTROLS = ("flattened positions", "causal mask", "leaked sibling")
 RECURRENCE = "flattened recurrence"  # a model with recurrent layers: the tree through them unmodified
@@ -103,14 +103,13 @@ class FlatRecurrence:
         return []
 
 
-def control_rows(model, base_cache, tree: DraftTree) -> Optional[Dict[str, mx.array]]:
-    """Each negative control's verify rows over ``tree``, verified from a copy
-    of ``base_cache``, or None for a linear tree (no control differs from it)
-    or a model treespec has no adapter for. Only the controls this model can
-    express: flattening positions where a rope or a per-position input reads
-    them, the recurrence control where it has recurrent layers, and none
-    whose rows are bit for bit the correct verify's (a defect that changes
-    nothing this model computes: a pure SSM has no attention to leak into)."""
+def verifiers(model, tree: DraftTree) -> Optional[Tuple[Callable, Dict[str, Callable]]]:
+    """The correct verify and each negative control's, as functions of (a
+    tree, a cache) returning node rows, or None for a linear ``tree`` (no
+    control differs from it) or a model treespec has no adapter for. Only
+    the controls this model can express: flattening positions where a rope
+    or a per-position input reads them, the recurrence control where it has
+    recurrent layers."""
     if tree.is_linear():
         return None
     real = adapter_or_none(model)
@@ -121,13 +120,27 @@ def control_rows(model, base_cache, tree: DraftTree) -> Optional[Dict[str, mx.ar
         defects.remove(CONTROLS[0])  # nothing reads a node's position
     out = {}
     for defect in defects:
-        # A fresh recurrent strategy of the family's kind: it holds its verify's states.
-        control = type(f"Control[{defect}]", (_Control,), {"defect": defect})(model, real.family)
-        out[defect] = control.verify(tree, clone(base_cache))
+        # A fresh recurrent strategy of the family's kind per call: it holds its verify's states.
+        kind = type(f"Control[{defect}]", (_Control,), {"defect": defect})
+        out[defect] = lambda t, c, kind=kind: kind(model, real.family).verify(t, c)
     if real.recurrent is not None:
-        out[RECURRENCE] = TreeAdapter(model, real.family, FlatRecurrence(), real.found).verify(
-            tree, clone(base_cache))
-    correct = real.verify(tree, clone(base_cache))
+        out[RECURRENCE] = lambda t, c: TreeAdapter(model, real.family, FlatRecurrence(),
+                                                   real.found).verify(t, c)
+    return real.verify, out
+
+
+def control_rows(model, base_cache, tree: DraftTree) -> Optional[Dict[str, mx.array]]:
+    """Each negative control's verify rows over ``tree``, verified from a copy
+    of ``base_cache``, or None where :func:`verifiers` has none; without the
+    controls whose rows are bit for bit the correct verify's (a defect that
+    changes nothing this model computes: a pure SSM has no attention to leak
+    into)."""
+    found = verifiers(model, tree)
+    if found is None:
+        return None
+    real, defective = found
+    out = {k: verify(tree, clone(base_cache)) for k, verify in defective.items()}
+    correct = real(tree, clone(base_cache))
     mx.eval(correct, list(out.values()))
     return {k: v for k, v in out.items() if not mx.array_equal(v, correct).item()}
 

@@ -212,7 +212,7 @@ def unsound(env: Envelope, what: str = "") -> Verdict:
 
 
 def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
-          placement=None) -> Verdict:
+          placement=None, isolation=None) -> Verdict:
     """The verdict on two forwards' logits (any shape; rows along the first
     axis): bit-exact, within the envelope (and the controls separate),
     inconclusive (they do not), or FAIL. ``env``: an :class:`Envelope`, or a
@@ -230,7 +230,14 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
     the rows differ, that difference is the placement the envelope never
     saw or a defect, and the verdict is inconclusive with both reasons,
     never FAIL and never a pass (measured: gemma3_text bfloat16 on an H100,
-    a 9-node tree over an empty 8-slot ring, one row 1.2e-7 off)."""
+    a 9-node tree over an empty 8-slot ring, one row 1.2e-7 off).
+
+    ``isolation`` (a dict, or a callable returning one or None, called only
+    where a control falls short of the separation rule): which controls the
+    isolation proof catches (treespec.evidence.isolation: the rows shown bit
+    for bit independent of every token off their root paths, and each
+    control's rows not). A control it catches needs no separation from the
+    envelope; one it does not still does. None: nothing proved."""
     what = f"{what}: " if what else ""
     if got.shape != want.shape:
         return Verdict(FAIL, float("inf"), detail=f"{what}shape {tuple(got.shape)} != {tuple(want.shape)}")
@@ -263,14 +270,30 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
             f"{env.bound:.3g} = {TRIANGLE * SAFETY:g} x {env.line()}"))
     c = controls() if callable(controls) else controls
     c = c or env.controls
-    weakest = min(c.values()) if c else None
-    if weakest is None or not weakest >= SEPARATION * env.bound:
-        figures = ("no negative control could be run" if weakest is None else
+    weak = {k: v for k, v in (c or {}).items() if not v >= SEPARATION * env.bound}
+    caught = []
+    if c and weak and isolation is not None:
+        proved = isolation() if callable(isolation) else isolation
+        caught = [k for k in weak if proved and proved.get(k)]
+        weak = {k: v for k, v in weak.items() if k not in caught}
+    if not c or weak:
+        figures = ("no negative control could be run" if not c else
                    "controls " + ", ".join(f"{k} {v:.3g}" for k, v in c.items()))
-        return Verdict(INCONCLUSIVE, diff, env.value, env.bound, weakest, detail=(
-            f"{what}max |diff| {diff:.3g}{where} within bound {env.bound:.3g}, but {figures}: "
-            f"not {SEPARATION:g} x the bound ({SEPARATION * env.bound:.3g}), so a defect of that "
-            f"size would pass too ({env.line()})"))
+        if caught:
+            figures += f" ({', '.join(caught)} caught by isolation)"
+        return Verdict(INCONCLUSIVE, diff, env.value, env.bound, min(weak.values()) if weak else None,
+                       detail=(f"{what}max |diff| {diff:.3g}{where} within bound {env.bound:.3g}, but "
+                               f"{figures}: not {SEPARATION:g} x the bound ({SEPARATION * env.bound:.3g}), "
+                               f"so a defect of that size would pass too ({env.line()})"))
+    separated = {k: v for k, v in c.items() if k not in caught}
+    weakest = min(separated.values()) if separated else None
+    if caught:
+        proof = (f"; {', '.join(caught)} ({', '.join(f'{c[k]:.3g}' for k in caught)}) caught by "
+                 "isolation: every row bit for bit the same with the tokens off its root path "
+                 "replaced, the control's rows not")
+    else:
+        proof = ""
+    power = (f"weakest control {weakest:.3g} ({weakest / env.bound:.3g} x the bound)"
+             if weakest is not None else "every control caught by isolation")
     return Verdict(WITHIN, diff, env.value, env.bound, weakest, detail=(
-        f"{what}max |diff| {diff:.3g}{where} <= bound {env.bound:.3g}; weakest control "
-        f"{weakest:.3g} ({weakest / env.bound:.3g} x the bound) ({env.line()})"))
+        f"{what}max |diff| {diff:.3g}{where} <= bound {env.bound:.3g}; {power}{proof} ({env.line()})"))

@@ -1,0 +1,87 @@
+"""Isolation (treespec.evidence.isolation): a correct verify gives node i the
+same bits when every token off its root path is replaced, and when the tree
+is flattened in another order; a mask or position defect does not. Where the
+envelope is too wide for a control to clear the separation rule (half
+precision on a GPU), a control isolation catches in the same run needs no
+separation; one it does not catch still does; a verify that is not isolated
+proves nothing, so a defect inside a wide bound stays inconclusive, never
+within. Tried: with ``isolation`` comparing the correct rows with themselves
+(no substitution), the leaked-sibling test fails."""
+
+import mlx.core as mx
+import pytest
+
+from suites.verify import helpers
+from treespec.evidence import numerics
+from treespec.evidence.controls import CONTROLS, RECURRENCE, clone, verifiers
+from treespec.evidence.isolation import isolation, reordered, reordered_rows
+from treespec.tree import DraftTree
+
+pytestmark = pytest.mark.exactness
+
+TREE = DraftTree(helpers.tokens(7, 11), [-1, 0, 0, 1, 1, 2, 4])
+POSITIONS, CAUSAL, LEAKED = CONTROLS
+
+
+def subject(family):
+    model = helpers.model(family, "float32")
+    return model, helpers.history(6).replay(model)
+
+
+def proved(model, before):
+    proof = isolation(model, before, TREE)
+    if proof is None:
+        pytest.skip("this backend gives a node other bits when other nodes' tokens or the "
+                    "flattening change: isolation proves nothing here (judged by the envelope)")
+    return proof
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_5"])
+def test_every_mask_control_is_caught_and_positions_wherever_reordering_is_a_proof(family):
+    model, before = subject(family)
+    proof = proved(model, before)
+    assert proof[LEAKED] and proof[CAUSAL]
+    if family == "qwen3_5":
+        assert proof[RECURRENCE]
+    real, _ = verifiers(model, TREE)
+    reorder_is_a_proof = mx.array_equal(reordered_rows(real, before, TREE),
+                                        real(TREE, clone(before))).item()
+    assert proof[POSITIONS] == reorder_is_a_proof
+
+
+def test_a_verify_that_leaks_a_sibling_is_not_isolated():
+    model, before = subject("llama")
+    proved(model, before)
+    _, defective = verifiers(model, TREE)
+    assert isolation(model, before, TREE, found=(defective[LEAKED], defective)) is None
+
+
+def test_a_verify_that_flattens_positions_moves_its_rows_when_the_tree_is_reordered():
+    model, before = subject("llama")
+    _, defective = verifiers(model, TREE)
+    flat = defective[POSITIONS]
+    assert reordered(TREE) is not None
+    assert not mx.array_equal(reordered_rows(flat, before, TREE), flat(TREE, clone(before))).item()
+
+
+def test_a_wide_envelope_passes_a_correct_verify_by_isolation_and_never_a_leaked_sibling():
+    # The half-precision situation on this backend's real rows: an envelope so
+    # wide that no control clears 10 x the bound, and a leaked sibling inside it.
+    model, before = subject("llama")
+    proved(model, before)
+    real, defective = verifiers(model, TREE)
+    refs = mx.stack([helpers.classic(model, clone(before), [TREE.tokens[j] for j in TREE.path_to(i)])[-1]
+                     for i in range(len(TREE))])
+    c = numerics.controls(model, before, TREE, refs)
+    leaked = defective[LEAKED](TREE, clone(before))
+    e = 2 * max(max(c.values()), numerics.max_abs_diff(leaked, refs)) / (
+        numerics.TRIANGLE * numerics.SAFETY)
+    env = numerics.Envelope("wide", (1, 2), (0,), e, e, 0.0, c)
+    got = real(TREE, clone(before))
+    got = got + (got == got.max()).astype(got.dtype) * (e / 4)  # a rounding-sized difference
+    assert numerics.judge(got, refs, env).word == numerics.INCONCLUSIVE
+    v = numerics.judge(got, refs, env, isolation=lambda: isolation(model, before, TREE))
+    assert v.word == numerics.WITHIN and "caught by isolation" in v.detail
+    v = numerics.judge(leaked, refs, env, isolation=lambda: isolation(
+        model, before, TREE, found=(defective[LEAKED], defective)))
+    assert v.word == numerics.INCONCLUSIVE, v.detail
