@@ -15,9 +15,10 @@ from suites.helpers_numerics import model_label, require_sound
 from suites.verdict import VERIFY, expect
 from treespec import caches, zoo
 from treespec.evidence import numerics
+from treespec.backend.census import census
 from treespec.backend.census_position import position_census
 from treespec.evidence.isolation import isolation
-from treespec.evidence.same_width import position_reason, same_width_rows
+from treespec.evidence.same_width import position_reason, same_width_rows, width_reason
 from treespec.audit.states import (
     CacheMode,
     History as Replayed,
@@ -160,7 +161,7 @@ def linear_trees(family: str) -> dict:
 # ---------------------------------------------------------------------------
 
 def root_path_verdict(model, before, tree, logits, kv=None,
-                      measure=position_census) -> numerics.Verdict:
+                      measure=position_census, width_measure=census) -> numerics.Verdict:
     """The verdict on every node's verify row against the last row of a plain
     forward over its root path (on a sliding-window ring: classic decoding's
     one-token steps over it, ``treespec.audit.states.classic``), each on its
@@ -169,7 +170,8 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     within this backend's envelope (the tree's own negative controls
     separating), inconclusive, or FAIL (treespec.evidence.numerics). ``kv``:
     (bits, group) of a quantized KV cache mode; ``measure``: the census's
-    position rows the same-width reference consults (a test plants one)."""
+    position rows the same-width reference consults, ``width_measure`` its
+    rows that may contradict an envelope of 0 (tests plant them)."""
     refs = mx.stack([classic(model, clone(before), [tree.tokens[j] for j in tree.path_to(i)])[-1]
                      for i in range(len(tree))])
     why, placement = "", None
@@ -194,7 +196,8 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     controls = lambda: numerics.controls(model, before, tree, refs)
     proof = lambda: isolation(model, before, tree)  # noqa: E731
     verdict = numerics.judge(logits, refs, env, controls, what="node rows vs root-path forwards",
-                             placement=placement, isolation=proof)
+                             placement=placement, isolation=proof,
+                             census=lambda: width_reason(model, len(tree), width_measure))
     if why and verdict.word != numerics.BIT_EXACT:
         verdict = replace(verdict, detail="; ".join(x for x in (verdict.detail, why) if x))
     return verdict

@@ -80,8 +80,14 @@ def test_a_wide_envelope_passes_a_correct_verify_by_isolation_and_never_a_leaked
     got = real(TREE, clone(before))
     got = got + (got == got.max()).astype(got.dtype) * (e / 4)  # a rounding-sized difference
     assert numerics.judge(got, refs, env).word == numerics.INCONCLUSIVE
-    v = numerics.judge(got, refs, env, isolation=lambda: isolation(model, before, TREE))
-    assert v.word == numerics.WITHIN and "caught by isolation" in v.detail
+    proof = isolation(model, before, TREE)
+    v = numerics.judge(got, refs, env, isolation=proof)
+    assert "caught by isolation" in v.detail, v.detail
+    # within only where isolation catches every control (here every control is short)
+    if all(proof.values()):
+        assert v.word == numerics.WITHIN, v.detail
+    else:  # e.g. BLIS: reflattening moves rows, so the positions control is not caught
+        assert v.word == numerics.INCONCLUSIVE, v.detail
     v = numerics.judge(leaked, refs, env, isolation=lambda: isolation(
         model, before, TREE, found=(defective[LEAKED], defective)))
     assert v.word == numerics.INCONCLUSIVE, v.detail

@@ -22,8 +22,9 @@ from treespec.audit.verify_props import check_tree_verify
 from treespec.evidence import numerics
 from treespec.evidence.controls import clone, control_rows
 from treespec.backend.census import Row
+from treespec.backend.census import census as census_rows
 from treespec.backend.census_position import position_census
-from treespec.evidence.same_width import padded_rows, position_reason, same_width_rows
+from treespec.evidence.same_width import padded_rows, position_reason, same_width_rows, width_reason
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
@@ -107,28 +108,36 @@ def test_position_dependence_explains_a_difference_and_never_withdraws_an_equali
     assert failed.word == numerics.FAIL and why in failed.detail, failed.line()
 
 
-@pytest.mark.parametrize("census", ["this backend's", "placement-dependent"])
-def test_on_a_ring_without_room_a_difference_the_envelope_never_saw_placed_is_inconclusive(census):
+def widened_rows(model, widths):
+    """A planted census: a float32 product's row of an M-row call differs from M=2."""
+    return [Row("matmul", "float32", "planted", tuple(widths), 2, 1e-7, "tokens")]
+
+
+@pytest.mark.parametrize("census", ["this backend's", "placement-dependent", "width-dependent"])
+def test_on_a_ring_without_room_a_difference_the_envelope_never_saw_is_inconclusive(census):
     # No same-width reference on a ring the tree would wrap, and the envelope
-    # (keys contiguous) is 0: a defect there FAILs, unless the census measures
-    # this backend rounding a masked row by where its keys sit, as the ring
-    # layout scatters them; then the verdict is inconclusive naming the census
-    # row, never a pass. Tried: with judge ignoring ``placement`` the planted
-    # census's case FAILs.
+    # (keys contiguous, a few sampled contexts) is 0: a defect there FAILs,
+    # unless the census measures this backend rounding a masked row by where
+    # its keys sit, as the ring layout scatters them, or a row of an M-row call
+    # differing from the row alone (the envelope's zero is then its samples');
+    # then the verdict is inconclusive naming the census row, never a pass.
+    # Tried: with judge ignoring ``placement`` (``census``) the planted
+    # placement (width) census's case FAILs.
     model = helpers.model("gemma3_text", "float32")
     before = helpers.history(3).replay(model)
     assert same_width_rows(model, before, TREE)[0] is None
     env = numerics.envelope(model, 3, numerics.widths_of(TREE, 2))
     if not env.exact:
         pytest.skip(f"the envelope is not 0 here ({env.line()}): judged against it instead")
-    planted = census == "placement-dependent"
-    measure = placed_rows if planted else position_census
-    why = position_reason(model, len(TREE), measure)
-    if not planted and why is not None:
-        pytest.skip(f"this backend's census measures placement: {why}")
+    measure = placed_rows if census == "placement-dependent" else position_census
+    width_measure = widened_rows if census == "width-dependent" else census_rows
+    why = position_reason(model, len(TREE), measure) or width_reason(model, len(TREE), width_measure)
+    if census == "this backend's" and why is not None:
+        pytest.skip(f"this backend's census contradicts the zero: {why}")
     leaked = control_rows(model, before, TREE)["leaked sibling"]
-    verdict = helpers.root_path_verdict(model, before, TREE, leaked, measure=measure)
-    if not planted:
+    verdict = helpers.root_path_verdict(model, before, TREE, leaked, measure=measure,
+                                        width_measure=width_measure)
+    if census == "this backend's":
         assert verdict.word == numerics.FAIL, verdict.line()
     else:
         assert verdict.word == numerics.INCONCLUSIVE and why in verdict.detail, verdict.line()

@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from ..evidence import numerics
 from ..evidence.isolation import isolation
-from ..evidence.same_width import position_reason, same_width_rows
+from ..evidence.same_width import position_reason, same_width_rows, width_reason
 from ..errors import TreeRefused
 from ..tree import DraftTree
 from .records import FAIL, PASS, Check, Tally
@@ -175,9 +175,11 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
             env = envelope(s, hist.offset, numerics.widths_of(tree, 2), mode)
             controls = _once(functools.partial(numerics.controls, model, base, tree, refs))
             proof = _once(functools.partial(isolation, model, base, tree))
+            zero = functools.partial(width_reason, model, len(tree))
             for i in range(len(tree)):
                 tally.compare(logits[i], refs[i], {**where, "node": i, "path": tree.path_to(i)},
-                              env=env, controls=controls, placement=placement, isolation=proof)
+                              env=env, controls=controls, placement=placement, isolation=proof,
+                              census=zero)
     if tally.refused and tally.count:
         tally.note(f"{len(tally.refused)} trees refused ({tally.refused[0]})")
     for why in sorted(unproven):

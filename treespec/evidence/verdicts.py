@@ -212,7 +212,7 @@ def unsound(env: Envelope, what: str = "") -> Verdict:
 
 
 def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
-          placement=None, isolation=None) -> Verdict:
+          placement=None, isolation=None, census=None) -> Verdict:
     """The verdict on two forwards' logits (any shape; rows along the first
     axis): bit-exact, within the envelope (and the controls separate),
     inconclusive (they do not), or FAIL. ``env``: an :class:`Envelope`, or a
@@ -260,6 +260,11 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
                 f"{what}differs by {diff:.3g}{where}, first at row {first}, where the envelope "
                 f"(every row's keys contiguous) is 0; but {why}, and these rows' keys sit among "
                 f"masked ones: a placement the envelope did not measure ({env.line()})"))
+        zero = census() if callable(census) else census
+        if zero:
+            return Verdict(INCONCLUSIVE, diff, 0.0, 0.0, detail=(
+                f"{what}differs by {diff:.3g}{where}, first at row {first}, where the envelope "
+                f"measured 0 ({env.line()}); but {zero}"))
         return Verdict(FAIL, diff, 0.0, 0.0, detail=(
             f"{what}differs by {diff:.3g}{where}, first at row {first}, where this backend is "
             f"bit-exact ({env.line()})"))

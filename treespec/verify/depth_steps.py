@@ -34,14 +34,14 @@ wide pass checks it, and refuses otherwise) and call each linear child once.
 """
 
 import inspect
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from ..errors import TreeRefused
-from ..mixers import set_slot, slots
+from ..mixers import slots
 from ..standin import StandIn
 from .per_node import AttentionStandIn
 
