@@ -49,8 +49,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache, can_trim_prompt_cache, trim_prompt_cache
 
-from ..backend.census import census, narrowest, widths_text
-from ..backend.census_position import position_census, position_width
+from ..backend.census import Row, census, narrowest, widths_text
+from ..backend.census_position import position_census, position_rows
 from ..backend.census_shapes import model_dtype, model_specs
 from ..caches import leaves
 from ..tree import DraftTree
@@ -65,50 +65,55 @@ WIDEST = 16  # the position rows are measured at every width up to max(this, the
 _MEASURED: Dict[tuple, list] = {}  # (measure, the shapes, dtype, widest) -> position rows
 
 
+def _first_differing(model, widest: int, measure, select) -> Optional[Row]:
+    """The first census row of ``model``'s own shapes, in its dtype, among
+    those ``select`` (rows, dtype -> rows) keeps, that is not identical at
+    every width up to ``widest``; None where all are. Measured once per
+    ``measure``, shapes, dtype and width in a process."""
+    dtype = model_dtype(model)
+    key = (measure, tuple((s.op, s.shape) for s in model_specs(model)), dtype, widest)
+    if key not in _MEASURED:
+        _MEASURED[key] = measure(model, widths=range(1, widest + 1))
+    cap, limiting = narrowest(select(_MEASURED[key], dtype))
+    return None if cap is None or cap >= widest else limiting[0]
+
+
+def _described(row: Row) -> str:
+    return (f"{row.op} {row.how} {row.dtype} {row.shape}: {row.error or row.verdict} of "
+            f"{widths_text(row.widths)}")
+
+
 def position_reason(model, width: int, measure=position_census) -> Optional[str]:
     """None where the census's position rows of ``model``'s own shapes, in
     its dtype, are identical at every width up to max(``width``, 16); else
     why rows that differ from a reference at the verify's width may differ
     by the backend's placement, not a defect (the first row that differs).
-    Measured once per shapes, dtype and width in a process (``measure``:
-    treespec.backend.census_position.position_census)."""
-    widest = max(width, WIDEST)
-    dtype = model_dtype(model)
-    key = (measure, tuple((s.op, s.shape) for s in model_specs(model)), dtype, widest)
-    if key not in _MEASURED:
-        _MEASURED[key] = measure(model, widths=range(1, widest + 1))
-    cap, limiting = position_width(_MEASURED[key], dtype)
-    if cap is None or cap >= widest:
-        return None
-    row = limiting[0]
-    return (f"no same-width proof here: the census measures a row's bits depending on its place "
-            f"in the call ({row.op} {row.how} {row.dtype} {row.shape}: "
-            f"{row.error or row.verdict} of {widths_text(row.widths)})")
+    ``measure``: treespec.backend.census_position.position_census."""
+    row = _first_differing(model, max(width, WIDEST), measure, position_rows)
+    return None if row is None else (
+        f"no same-width proof here: the census measures a row's bits depending on its place "
+        f"in the call ({_described(row)})")
+
+
+def _ran_tokens_rows(rows, dtype):
+    # A row that could not run measured nothing: it contradicts no zero.
+    return [r for r in rows if r.how == "tokens" and r.dtype == dtype and not r.error]
 
 
 def width_reason(model, width: int, measure=census) -> Optional[str]:
     """None where the census's ``tokens`` rows of ``model``'s own shapes, in
     its dtype, are identical at every width up to ``width`` (those that ran);
     else why an envelope measured 0 there is its samples' zero, not the
-    backend's (the first row that differs). The envelope samples a few contexts; the
-    census draws inputs that cancel, and finds a half-precision product
-    rounding an M-row call differently where the samples did not (on an
-    H100, gemma3_text bfloat16: an envelope of 0 at widths up to 9, and a
-    tree's row off by 1.2e-7 in one logit). Measured once per shapes, dtype
-    and width in a process (``measure``: treespec.backend.census.census)."""
-    dtype = model_dtype(model)
-    key = (measure, tuple((s.op, s.shape) for s in model_specs(model)), dtype, width)
-    if key not in _MEASURED:
-        _MEASURED[key] = measure(model, widths=range(1, width + 1))
-    # A row that could not run measured nothing: it contradicts no zero.
-    cap, limiting = narrowest([r for r in _MEASURED[key]
-                               if r.how == "tokens" and r.dtype == dtype and not r.error])
-    if cap is None or cap >= width:
-        return None
-    row = limiting[0]
-    return (f"the census measures a row of an M-row call differing from the row alone "
-            f"({row.op} {row.how} {row.dtype} {row.shape}: {row.verdict} of "
-            f"{widths_text(row.widths)}): the envelope's 0 is its samples', not this backend's")
+    backend's (the first row that differs). The envelope samples a few
+    contexts; the census draws inputs that cancel, and finds a
+    half-precision product rounding an M-row call differently where the
+    samples did not (on an H100, gemma3_text bfloat16: an envelope of 0 at
+    widths up to 9, and a tree's row off by 1.2e-7 in one logit).
+    ``measure``: treespec.backend.census.census."""
+    row = _first_differing(model, width, measure, _ran_tokens_rows)
+    return None if row is None else (
+        f"the census measures a row of an M-row call differing from the row alone "
+        f"({_described(row)}): the envelope's 0 is its samples', not this backend's")
 
 
 def same_width_rows(model, before: Sequence, tree: DraftTree,
