@@ -80,13 +80,13 @@ def gather(group, values: np.ndarray) -> np.ndarray:
     (it evaluates the next token ahead): so the gather first waits for
     everything already on that stream, with its all-reduces, and only then
     runs, on the CPU's stream. Run on the generation stream itself it would
-    be ordered too, but MLX 0.32.4's CUDA build fails any collective over
-    the ring backend on a GPU stream other than the thread's default one
-    ("There is no Stream(cpu, N) in current thread"), while the CPU stream
-    works on every build measured (results/distributed/README.md). Without the
-    wait, a gather on another stream interleaved with that forward's
-    all-reduces under OpenBLAS: the ranks gathered each other's activations
-    as token counts."""
+    be ordered too, but on MLX 0.32.4's CUDA build an all-gather or
+    all-sum of a host-made array over the ring backend on that stream fails
+    ("There is no Stream(cpu, N) in current thread"), while on the CPU's
+    stream it runs on every build measured (results/distributed/README.md).
+    Without the wait, a gather on another stream interleaved with that
+    forward's all-reduces under OpenBLAS: the ranks gathered each other's
+    activations as token counts (suites/distributed fails then)."""
     mx.synchronize(generation_stream)
     out = mx.distributed.all_gather(mx.array(values[None]), group=group, stream=mx.cpu)
     return np.array(out)
