@@ -28,6 +28,7 @@ from treespec.audit.states import (
     keys_rotated,
 )
 from treespec.audit.states import plain as plain_rows
+from treespec.audit.states import root_path_forwards
 from treespec.audit.states import replay
 from treespec.errors import TreeRefused
 from treespec.tree import DraftTree
@@ -172,8 +173,7 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     (bits, group) of a quantized KV cache mode; ``measure``: the census's
     position rows the same-width reference consults, ``width_measure`` its
     rows that may contradict an envelope of 0 (tests plant them)."""
-    refs = mx.stack([classic(model, clone(before), [tree.tokens[j] for j in tree.path_to(i)])[-1]
-                     for i in range(len(tree))])
+    refs = root_path_forwards(model, before, tree)
     why, placement = "", None
     if not mx.array_equal(logits, refs).item():
         # The same root-path forwards at the verify's width may still match bit

@@ -174,6 +174,14 @@ def classic(model, cache, tokens) -> mx.array:
     return out
 
 
+def root_path_forwards(model, before, tree) -> mx.array:
+    """Row i: the last row of :func:`classic` over node i's root path of
+    ``tree``, each from its own copy of ``before``: the reference every node
+    of a tree verify is compared with."""
+    return mx.stack([classic(model, clone(before), [tree.tokens[j] for j in tree.path_to(i)])[-1]
+                     for i in range(len(tree))])
+
+
 def wrapped(cache) -> bool:
     return any(isinstance(c, RotatingKVCache) and c.offset >= c.max_size for c in cache)
 

@@ -27,6 +27,7 @@ from .states import (
     fingerprint,
     histories,
     random_tree,
+    root_path_forwards,
 )
 from .subject import Subject, the_adapter, the_walk, vocab, window
 
@@ -155,11 +156,7 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
                 tally.fail({**where, "message": f"verify returned {logits.shape[0]} rows "
                             f"for {len(tree)} nodes"})
                 continue
-            refs = []
-            for i in range(len(tree)):
-                path = tree.path_to(i)
-                refs.append(classic(model, clone(base), [tree.tokens[j] for j in path])[-1])
-            refs, placement = mx.stack(refs), None
+            refs, placement = root_path_forwards(model, base, tree), None
             if not mx.array_equal(logits, refs).item():
                 # Proven where the rows equal the same root-path forwards at the
                 # verify's width (treespec.evidence.same_width), else judged.

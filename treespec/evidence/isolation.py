@@ -73,14 +73,11 @@ def reordered(tree: DraftTree) -> Optional[Tuple[DraftTree, List[int]]]:
     """The same tree flattened in preorder with each node's children in
     reverse (``order[k]``: the old index of new node k), or None where that
     is the order it already has (nothing moves)."""
-    children: List[List[int]] = [[] for _ in tree.parents]
-    for i, p in enumerate(tree.parents[1:], 1):
-        children[p].append(i)
     order, stack = [], [0]
     while stack:
         node = stack.pop()
         order.append(node)
-        stack.extend(children[node])  # popped last first: children in reverse
+        stack.extend(tree.children(node))  # popped last first: children in reverse
     if order == list(range(len(tree))):
         return None
     return DraftTree([tree.tokens[o] for o in order], renumbered(tree.parents, order)), order
@@ -91,11 +88,7 @@ def reordered_rows(verify: Callable, before: Sequence, tree: DraftTree) -> mx.ar
     from a copy of ``before``, its rows put back in ``tree``'s node order."""
     moved, order = reordered(tree)
     out = verify(moved, clone(before))
-    out = out.reshape(-1, out.shape[-1])
-    back = [0] * len(order)
-    for new, old in enumerate(order):
-        back[old] = new
-    return out[mx.array(back)]
+    return out.reshape(-1, out.shape[-1])[mx.argsort(mx.array(order))]
 
 
 def isolation(model, before: Sequence, tree: DraftTree,

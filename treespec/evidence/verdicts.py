@@ -229,15 +229,24 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
     ring interleaves them with masked slots. So where the envelope is 0 and
     the rows differ, that difference is the placement the envelope never
     saw or a defect, and the verdict is inconclusive with both reasons,
-    never FAIL and never a pass (measured: gemma3_text bfloat16 on an H100,
-    a 9-node tree over an empty 8-slot ring, one row 1.2e-7 off).
+    never FAIL and never a pass.
+
+    ``census`` (the same, called only where the envelope is 0 and the two
+    differ after ``placement``): why the backend's census contradicts that
+    zero (treespec.evidence.same_width.width_reason: an op whose row of an
+    M-row call differs from the row alone at a width the comparison spans).
+    The zero is then its samples', and the difference inconclusive with the
+    census row, never FAIL and never a pass (measured: gemma3_text bfloat16
+    on an H100, a 9-node tree over an empty 8-slot ring, one logit 1.2e-7
+    off, where the census's position rows did not differ).
 
     ``isolation`` (a dict, or a callable returning one or None, called only
     where a control falls short of the separation rule): which controls the
-    isolation proof catches (treespec.evidence.isolation: the rows shown bit
-    for bit independent of every token off their root paths, and each
-    control's rows not). A control it catches needs no separation from the
-    envelope; one it does not still does. None: nothing proved."""
+    isolation proofs catch (treespec.evidence.isolation: the rows bit for
+    bit unchanged with the tokens off their root paths replaced or the tree
+    flattened in another order, each control's rows not). A control it
+    catches needs no separation from the envelope; one it does not still
+    does. None: nothing proved."""
     what = f"{what}: " if what else ""
     if got.shape != want.shape:
         return Verdict(FAIL, float("inf"), detail=f"{what}shape {tuple(got.shape)} != {tuple(want.shape)}")
@@ -292,12 +301,9 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
                                f"so a defect of that size would pass too ({env.line()})"))
     separated = {k: v for k, v in c.items() if k not in caught}
     weakest = min(separated.values()) if separated else None
-    if caught:
-        proof = (f"; {', '.join(caught)} ({', '.join(f'{c[k]:.3g}' for k in caught)}) caught by "
-                 "isolation: every row bit for bit the same with the tokens off its root path "
-                 "replaced, the control's rows not")
-    else:
-        proof = ""
+    proof = (f"; {', '.join(caught)} ({', '.join(f'{c[k]:.3g}' for k in caught)}) caught by "
+             "isolation: the rows bit for bit unchanged under a transformation that moves the "
+             "control's" if caught else "")
     power = (f"weakest control {weakest:.3g} ({weakest / env.bound:.3g} x the bound)"
              if weakest is not None else "every control caught by isolation")
     return Verdict(WITHIN, diff, env.value, env.bound, weakest, detail=(
