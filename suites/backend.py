@@ -73,19 +73,31 @@ def reproduce(message: str) -> Optional[str]:
     return None
 
 
+def gap_reason(message: str) -> Optional[str]:
+    """Why a failure with MLX's error ``message`` is the backend's (a kernel
+    MLX lacks, reproduced by the primitive alone), or None: the message names
+    no missing kernel, the primitive alone runs, or the census measures the
+    backend exact (there a missing kernel is a regression: it stays a failure)."""
+    if exact_backend():
+        return None
+    error = reproduce(message)
+    if error is None:
+        return None
+    return (f"not run on this backend: MLX's quantized_matmul alone raises '{error}' "
+            "(reproduced without treespec or mlx-lm), a kernel this test's forwards need")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if call.when != "call" or call.excinfo is None or not report.failed:
         return
-    if not isinstance(call.excinfo.value, RuntimeError) or exact_backend():
-        return  # on an exact regime a missing kernel is a regression: it stays a failure
-    error = reproduce(str(call.excinfo.value))
-    if error is None:
+    if not isinstance(call.excinfo.value, RuntimeError):
         return
-    reason = (f"not run on this backend: MLX's quantized_matmul alone raises '{error}' "
-              "(reproduced without treespec or mlx-lm), a kernel this test's forwards need")
+    reason = gap_reason(str(call.excinfo.value))
+    if reason is None:
+        return
     report.outcome = "skipped"
     report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {reason}")
     if "exactness" in item.keywords:  # the table's row for it (suites/verdict.py)

@@ -102,6 +102,25 @@ def rollback(target, prompt, tree_tokens, mode):
     return {"got": got, "ref": ref}
 
 
+def rollbacks(target, prompt, tree_tokens, modes):
+    """:func:`rollback` in each cache mode; a mode whose forwards need a kernel
+    MLX lacks on this backend reports MLX's error instead, so that the other
+    modes and checks still run (the test accepts it only where MLX's
+    primitive alone raises it too: suites.backend.gap_reason). Both ranks
+    raise it at the same product, before the forward's first collective:
+    the first layer's attention over the quantized cache (seen on CUDA:
+    ``quantized_matmul`` 8-bit group 32, results/distributed/README.md)."""
+    out = {}
+    for mode in modes:
+        try:
+            out[mode] = rollback(target, prompt, tree_tokens, mode)
+        except RuntimeError as e:
+            if "No implementation" not in str(e):
+                raise
+            out[mode] = {"error": str(e).splitlines()[0]}
+    return out
+
+
 def texts(target, draft, prompt, check):
     n = SPEC.get("max_tokens", 24)
     kw = dist.decode_kwargs(check) if SPEC["how"] != "none" else {}
@@ -132,8 +151,8 @@ def main():
     if "verify" in checks:
         report["verify"] = verify_and_steps(target, prompts[0], tree_tokens)
     if "rollback" in checks:
-        report["rollback"] = {m: rollback(target, prompts[0], tree_tokens, m)
-                              for m in SPEC.get("cache_modes", ["plain"])}
+        report["rollback"] = rollbacks(target, prompts[0], tree_tokens,
+                                       SPEC.get("cache_modes", ["plain"]))
     if "text" in checks:
         check = dist.RankCheck(mx.distributed.init()) if SPEC["how"] != "none" else None
         draft = zoo.drafter(SPEC["family"], SPEC.get("dtype", "float32"))
