@@ -164,6 +164,20 @@ def test_model_lists_a_qwen3_next_checkpoints_own_shapes(capsys):
         ("gated_delta", "steps"), ("gated_delta", "batch")}
 
 
+def test_each_rope_is_measured_at_its_own_attentions_head_size(capsys):
+    # gemma4_text's layers differ: sliding ones rotate all of a 16-wide head,
+    # global ones a proportional RoPE over a 32-wide head. Measured at one
+    # attention's head size, the global rope's row could not run (MLX: dims
+    # must not exceed the input's last dimension).
+    cfg = zoo.config("gemma4_text")
+    got = census_of(capsys, zoo.checkpoint("gemma4_text"))
+    head, wide = cfg["head_dim"], cfg["global_head_dim"]
+    sliding = cfg["rope_parameters"]["sliding_attention"]["rope_theta"]
+    assert shapes(got["rows"])["rope"] == {f"RoPE {head}/{head} base {sliding:g} offset 24",
+                                           f"ProportionalRoPE {wide}/{wide} offset 24"}
+    assert [r for r in got["rows"] if r["op"] == "rope" and r.get("error")] == []
+
+
 def test_the_audit_reports_the_census_of_the_models_shapes():
     report = audit(zoo.checkpoint("qwen3_next"), properties=("adapter",))
     census = report.to_json()["header"]["census"]

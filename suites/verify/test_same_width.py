@@ -17,9 +17,10 @@ from suites.helpers_numerics import exact_backend
 from suites.planted import shape_dependent
 from suites.verify import helpers
 from treespec.audit.records import PASS
+from treespec.audit.states import root_path_forwards
 from treespec.audit.subject import Subject
 from treespec.audit.verify_props import check_tree_verify
-from treespec.evidence import numerics
+from treespec.evidence import numerics, same_width
 from treespec.evidence.controls import clone, control_rows
 from treespec.backend.census import Row
 from treespec.backend.census import census as census_rows
@@ -71,17 +72,31 @@ def test_a_defect_is_not_equal_to_the_same_width_forwards_and_fails(planted):
     assert verdict.word == numerics.FAIL, verdict.line()
 
 
-@pytest.mark.parametrize("history,room", [(1, True), (3, False)], ids=["room", "would wrap"])
-def test_a_sliding_window_ring_has_a_same_width_reference_only_with_room_for_the_tree(history, room):
-    # zoo gemma3_text's window is 8: after 1 token the 7 nodes still append in
-    # time order, after 3 the padded forward would wrap the ring (time order, which
-    # neither classic decoding nor the verify has)
+@pytest.mark.parametrize("history,room", [(1, True), (3, True), (5, False)],
+                         ids=["room", "overfilled, every path fits", "a path past the ring"])
+def test_a_sliding_window_ring_has_a_same_width_reference_where_every_root_path_fits(
+        history, room, monkeypatch):
+    # zoo gemma3_text's window is 8 and TREE's deepest root path 4 tokens. After 1
+    # token the 7 nodes append in time order; after 3 they overfill the ring (10 >
+    # 8), but every root path ends by position 7: classic decoding reaches each
+    # node unwrapped, its keys in time order, as the padded forward hands them.
+    # After 5 the deepest path ends at position 8, where classic decoding has
+    # wrapped the ring (another order than any multi-token forward's): none.
     model = helpers.model("gemma3_text", "float32")
     before = helpers.history(history).replay(model)
     same = padded_rows(model, before, TREE)
     assert (same is not None) == room
-    if room and exact_backend():
+    if not exact_backend():
+        return
+    steps = root_path_forwards(model, before, TREE)
+    if room:  # the reference is classic decoding's rows, and a correct verify's
+        assert mx.array_equal(same, steps).item()
         assert mx.array_equal(adapter_for(model).verify(TREE, clone(before)), same).item()
+    else:  # why none: built anyway, the wrapped node's row is not classic decoding's
+        monkeypatch.setattr(same_width, "_no_room", lambda before, n: False)
+        forced = padded_rows(model, before, TREE)
+        deepest = max(range(len(TREE)), key=lambda i: TREE.depths()[i])
+        assert not mx.array_equal(forced[deepest], steps[deepest]).item()
 
 
 def placed_rows(model, widths):
@@ -115,7 +130,7 @@ def widened_rows(model, widths):
 
 @pytest.mark.parametrize("census", ["this backend's", "placement-dependent", "width-dependent"])
 def test_on_a_ring_without_room_a_difference_the_envelope_never_saw_is_inconclusive(census):
-    # No same-width reference on a ring the tree would wrap, and the envelope
+    # No same-width reference where a root path reaches past the ring, and the envelope
     # (keys contiguous, a few sampled contexts) is 0: a defect there FAILs,
     # unless the census measures this backend rounding a masked row by where
     # its keys sit, as the ring layout scatters them, or a row of an M-row call
@@ -124,9 +139,9 @@ def test_on_a_ring_without_room_a_difference_the_envelope_never_saw_is_inconclus
     # Tried: with judge ignoring ``placement`` (``census``) the planted
     # placement (width) census's case FAILs.
     model = helpers.model("gemma3_text", "float32")
-    before = helpers.history(3).replay(model)
+    before = helpers.history(5).replay(model)
     assert same_width_rows(model, before, TREE)[0] is None
-    env = numerics.envelope(model, 3, numerics.widths_of(TREE, 2))
+    env = numerics.envelope(model, 5, numerics.widths_of(TREE, 2))
     if not env.exact:
         pytest.skip(f"the envelope is not 0 here ({env.line()}): judged against it instead")
     measure = placed_rows if census == "placement-dependent" else position_census

@@ -196,6 +196,14 @@ def _rope(name: str, m, head_dim: Optional[int]) -> Optional[Spec]:
     return rope(dims, head_dim or dims, float(base) if isinstance(base, (int, float)) else None, m)
 
 
+def _owner_head_dim(modules: dict, name: str) -> Optional[int]:
+    """The ``head_dim`` of the module holding ``name`` (a rope's attention),
+    where it states one: families mix head sizes (gemma4_text's global layers
+    32, its sliding ones 16), so one attention's is not every rope's."""
+    head_dim = getattr(modules.get(name.rpartition(".")[0]), "head_dim", None)
+    return head_dim if isinstance(head_dim, int) else None
+
+
 def model_specs(model: nn.Module) -> List[Spec]:
     """Every distinct shape of the ops the census knows, read off ``model``:
     its linear and quantized products (the output head where it is the
@@ -205,12 +213,13 @@ def model_specs(model: nn.Module) -> List[Spec]:
     tied = _tied(model)
     att = _attention_args(model)
     found: Dict[tuple, Spec] = {}
+    modules = dict(model.named_modules())
     if att is not None:
         spec = attention(*att)
         found[(spec.op, spec.shape)] = spec
-    for name, m in model.named_modules():
+    for name, m in modules.items():
         spec = (_product(m, tied) or _mixer(m) or _norm(m)
-                or _rope(name, m, att[2] if att else None))
+                or _rope(name, m, _owner_head_dim(modules, name) or (att[2] if att else None)))
         if spec is None and isinstance(m, nn.Conv1d):
             w = m.weight  # (out, kernel, in / groups)
             groups = getattr(m, "groups", 1)

@@ -37,11 +37,17 @@ for bit to mlx-lm's own forward of the same root paths are proven on any
 backend, so the reference is built and compared there too
 (:func:`position_reason`, asked only where rows differ from the reference).
 
-Not for a sliding-window ring that is wrapped or would wrap during the
-n-token forward (a plain multi-token forward on a wrapped ring puts it in
-time order, which neither classic decoding nor the verify does: the
-reference there is one-token steps): None. A ring with room for the n
-tokens is an appending cache for this forward, and gets its reference.
+A sliding-window ring gets its reference where every root path fits in it
+after the history (history + deepest path <= the ring's size): classic
+decoding then reaches each node without wrapping, its keys in time order,
+and mlx-lm's plain n-token forward hands row depth(i) the same keys in the
+same order (it appends past the ring's size for the call and masks by the
+window, which cuts nothing there), even where the n tokens together overfill
+the ring. Where a root path reaches past the ring's size, classic decoding
+attends over a wrapped ring, in another order than the time order any
+multi-token forward uses (the reference there is one-token steps): None.
+:func:`padded_path` needs more (the cache after the forward, trimmed): the
+ring must hold all n tokens.
 """
 
 from typing import Dict, Optional, Sequence, Tuple
@@ -124,7 +130,8 @@ def same_width_rows(model, before: Sequence, tree: DraftTree,
     backend's placement."""
     rows = padded_rows(model, before, tree, nodes)
     if rows is None:
-        return None, "no same-width reference: the sliding-window ring has no room for the tree"
+        return None, ("no same-width reference: a root path reaches past the sliding-window "
+                      "ring's size (classic decoding wraps it there)")
     return rows, ""
 
 
@@ -133,9 +140,9 @@ def padded_rows(model, before: Sequence, tree: DraftTree,
     """Row k: the row at depth(i) of mlx-lm's plain forward over node i's
     root path padded to the tree's n tokens, for the k-th node i of ``nodes``
     (None: every node), each from its own copy of ``before``; None where a
-    sliding-window ring has no room for the n tokens."""
+    root path reaches past a sliding-window ring's size (module docstring)."""
     n, rows = len(tree), []
-    if _no_room(before, n):
+    if _no_room(before, max(tree.depths()) + 1):
         return None
     for i in range(n) if nodes is None else nodes:
         path = [tree.tokens[j] for j in tree.path_to(i)]
@@ -147,6 +154,7 @@ def padded_rows(model, before: Sequence, tree: DraftTree,
 
 
 def _no_room(before: Sequence, n: int) -> bool:
+    """A sliding-window ring of ``before`` cannot take ``n`` more tokens unwrapped."""
     return any(isinstance(c, RotatingKVCache) and c.offset + n > c.max_size
                for _, c in leaves(before))
 
