@@ -12,6 +12,7 @@ order, which only moves the summation order) must break the bit identity on
 every backend, in the same run."""
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -95,6 +96,37 @@ def test_a_chain_on_a_hybrid_takes_one_token_recurrence_steps(plant):
         planted = [a.verify(tree, clone(before)) for a in (rows, flat)]
     assert _bits_equal(planted[0], clean[0]), helpers.max_abs_diff(planted[0], clean[0])
     assert not _bits_equal(planted[1], clean[1])
+
+
+def test_one_adapter_reuses_its_stand_ins_only_while_the_model_holds_what_they_wrap():
+    # Its stand-ins are made on the first verify and reused by the next
+    # (treespec.verify.row_invariant.StandIns): each tree through one adapter
+    # gets the rows a fresh adapter gives it, and a projection swapped into the
+    # model between two verifies is the one the next verify computes with.
+    # Tried: reusing them without checking the slots, the swapped case fails.
+    model = helpers.model("llama", "float32")
+    before = helpers.history(9).replay(model)
+    adapter = adapter_for(model, rows=True)
+    trees = [DraftTree(helpers.tokens(len(p), 3), p)
+             for p in (TREES["branching 7"], TREES["chain of 5"], TREES["branching 7"])]
+    fresh = lambda tree: adapter_for(model, rows=True).verify(tree, clone(before))  # noqa: E731
+    first = None
+    for tree in trees:
+        assert _bits_equal(adapter.verify(tree, clone(before)), fresh(tree))
+        first = first or adapter._stand_ins.sites[0][3]
+        assert adapter._stand_ins.sites[0][3] is first  # reused, not remade
+    attention = model.model.layers[0].self_attn
+    original = attention.q_proj
+    swapped = nn.Linear(original.weight.shape[1], original.weight.shape[0], bias="bias" in original)
+    swapped.update(original.parameters())
+    swapped.weight = original.weight * (1 + 2 ** -7)
+    try:
+        attention.q_proj = swapped
+        got = adapter.verify(trees[0], clone(before))
+        assert _bits_equal(got, fresh(trees[0]))  # the swapped projection's rows ...
+    finally:
+        attention.q_proj = original
+    assert not _bits_equal(got, adapter.verify(trees[0], clone(before)))  # ... not the original's
 
 
 class _Planted(RowAdapter):

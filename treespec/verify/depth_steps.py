@@ -34,6 +34,7 @@ wide pass checks it, and refuses otherwise) and call each linear child once.
 """
 
 import inspect
+import threading
 from typing import List, Sequence, Tuple
 
 import mlx.core as mx
@@ -212,6 +213,15 @@ class DepthSteps(AttentionStandIn):
         super().__init__(attention, depths)
         object.__setattr__(self, "_layout", layout)
         object.__setattr__(self, "_linears", list(linears))
+
+    def rebind(self, depths: mx.array, layout: Layout):
+        """Ready for another forward over another tree, the attention and its
+        projections' stand-ins the same (treespec.verify.row_invariant reuses
+        them while the model's slots still hold what they were made for)."""
+        self._depths = depths
+        object.__setattr__(self, "_layout", layout)
+        self._calls = 0
+        self._thread = threading.get_ident()
 
     def run(self, bound: inspect.BoundArguments, first: str):
         given = bound.arguments
