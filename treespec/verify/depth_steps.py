@@ -34,7 +34,6 @@ wide pass checks it, and refuses otherwise) and call each linear child once.
 """
 
 import inspect
-import threading
 from typing import List, Sequence, Tuple
 
 import mlx.core as mx
@@ -218,10 +217,8 @@ class DepthSteps(AttentionStandIn):
         """Ready for another forward over another tree, the attention and its
         projections' stand-ins the same (treespec.verify.row_invariant reuses
         them while the model's slots still hold what they were made for)."""
-        self._depths = depths
+        super().rebind(depths)
         object.__setattr__(self, "_layout", layout)
-        self._calls = 0
-        self._thread = threading.get_ident()
 
     def run(self, bound: inspect.BoundArguments, first: str):
         given = bound.arguments

@@ -104,8 +104,14 @@ class AttentionStandIn(StandIn):
     def __init__(self, attention: nn.Module, depths: mx.array):
         super().__init__()
         self.inner = attention
-        self._depths = depths
         object.__setattr__(self, "_signature", inspect.signature(attention.__call__))
+        AttentionStandIn.rebind(self, depths)  # this class's part (a subclass's takes more)
+
+    def rebind(self, depths: mx.array):
+        """Ready for a forward over a tree of ``depths.size`` nodes, called
+        from this thread (at construction, and by a caller that reuses the
+        stand-in for another forward)."""
+        self._depths = depths
         self._calls = 0
         self._thread = threading.get_ident()
 
