@@ -123,6 +123,24 @@ def test_position_dependence_explains_a_difference_and_never_withdraws_an_equali
     assert failed.word == numerics.FAIL and why in failed.detail, failed.line()
 
 
+def unrun_position_rows(model, widths):
+    """A planted census whose one position row could not run here."""
+    return [Row("sdpa+mask", "float32", "planted", tuple(widths), None, 0.0, "position",
+                "no kernel for this shape")]
+
+
+def test_a_position_row_that_could_not_run_excuses_no_difference(planted):
+    # Measured nothing, it shows no placement dependence: a leaked sibling
+    # FAILs as on a placement-free census, never inconclusive on its account.
+    # Tried: with errored rows kept (cap 0) the verdict is inconclusive.
+    model, before = planted
+    only_width(model)
+    assert position_reason(model, len(TREE), unrun_position_rows) is None
+    leaked = control_rows(model, before, TREE)["leaked sibling"]
+    failed = helpers.root_path_verdict(model, before, TREE, leaked, measure=unrun_position_rows)
+    assert failed.word == numerics.FAIL, failed.line()
+
+
 def widened_rows(model, widths):
     """A planted census: a float32 product's row of an M-row call differs from M=2."""
     return [Row("matmul", "float32", "planted", tuple(widths), 2, 1e-7, "tokens")]

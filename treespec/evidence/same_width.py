@@ -94,11 +94,17 @@ def position_reason(model, width: int, measure=position_census) -> Optional[str]
     its dtype, are identical at every width up to max(``width``, 16); else
     why rows that differ from a reference at the verify's width may differ
     by the backend's placement, not a defect (the first row that differs).
+    A position row that could not run here measured nothing: it shows no
+    placement dependence, so it excuses no difference.
     ``measure``: treespec.backend.census_position.position_census."""
-    row = _first_differing(model, max(width, WIDEST), measure, position_rows)
+    row = _first_differing(model, max(width, WIDEST), measure, _ran_position_rows)
     return None if row is None else (
         f"no same-width proof here: the census measures a row's bits depending on its place "
         f"in the call ({_described(row)})")
+
+
+def _ran_position_rows(rows, dtype):
+    return [r for r in position_rows(rows, dtype) if not r.error]
 
 
 def _ran_tokens_rows(rows, dtype):
