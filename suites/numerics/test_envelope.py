@@ -80,6 +80,37 @@ def test_a_control_short_of_the_separation_counts_only_where_isolation_catches_i
     assert numerics.judge(a.at[0, 0].add(1.1 * bound), a, env, isolation=never).word == numerics.FAIL
 
 
+def test_a_leak_fails_a_verdict_only_where_it_would_otherwise_be_inconclusive():
+    # treespec.evidence.isolation.leak: a verify shown to let a node see nodes
+    # off its root path is defective whatever the envelope; consulted only
+    # where the envelope cannot decide (controls short of the separation; an
+    # envelope of 0 that the census or a ring's placement contradicts).
+    a = mx.zeros((3, 8))
+    e = 1e-3
+    bound = numerics.TRIANGLE * numerics.SAFETY * e
+    b = a.at[1, 2].add(0.5 * bound)
+    weak = _envelope(e, {"sibling": numerics.SEPARATION * bound * 0.3})
+    shown = "a leak: node 1's row changes"
+    v = numerics.judge(b, a, weak, leak=shown)
+    assert v.word == numerics.FAIL and shown in v.detail and "not 10 x the bound" in v.detail, v.detail
+    assert numerics.judge(b, a, weak, leak=lambda: None).word == numerics.INCONCLUSIVE
+    tiny = a.at[1, 2].add(1e-7)
+    for reason in ("census", "placement"):
+        v = numerics.judge(tiny, a, _envelope(0.0), leak=shown, **{reason: "the census says so"})
+        assert v.word == numerics.FAIL and shown in v.detail, v.detail
+        assert numerics.judge(tiny, a, _envelope(0.0), leak=None, **{reason: "the census says so"}
+                              ).word == numerics.INCONCLUSIVE
+
+    def never():
+        raise AssertionError("leak consulted where it cannot change the verdict")
+
+    separated = _envelope(e, {"sibling": numerics.SEPARATION * bound * 1.01})
+    assert numerics.judge(a, a, separated, leak=never).word == numerics.BIT_EXACT
+    assert numerics.judge(b, a, separated, leak=never).word == numerics.WITHIN
+    assert numerics.judge(a.at[0, 0].add(1.1 * bound), a, separated, leak=never).word == numerics.FAIL
+    assert numerics.judge(tiny, a, _envelope(0.0), leak=never).word == numerics.FAIL
+
+
 def test_a_tree_path_that_differs_from_the_plain_forward_does_not_widen_the_bound():
     ok = _envelope(1e-6, tree=3e-6, tvp=numerics.TRIANGLE * numerics.SAFETY * 1e-6)
     assert ok.tree_ok and ok.value == 3e-6

@@ -17,7 +17,7 @@ from treespec import caches, zoo
 from treespec.evidence import numerics
 from treespec.backend.census import census
 from treespec.backend.census_position import position_census
-from treespec.evidence.isolation import isolation
+from treespec.evidence.isolation import isolation, leak
 from treespec.evidence.same_width import position_reason, same_width_rows, width_reason
 from treespec.audit.states import (
     CacheMode,
@@ -197,7 +197,8 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     proof = lambda: isolation(model, before, tree)  # noqa: E731
     verdict = numerics.judge(logits, refs, env, controls, what="node rows vs root-path forwards",
                              placement=placement, isolation=proof,
-                             census=lambda: width_reason(model, len(tree), width_measure))
+                             census=lambda: width_reason(model, len(tree), width_measure),
+                             leak=lambda: leak(model, before, tree))
     if why and verdict.word != numerics.BIT_EXACT:
         verdict = replace(verdict, detail="; ".join(x for x in (verdict.detail, why) if x))
     return verdict

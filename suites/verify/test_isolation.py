@@ -8,7 +8,13 @@ proves nothing, so a defect inside a wide bound stays inconclusive, never
 within. Tried: with ``isolation`` comparing the correct rows with themselves
 (no substitution), the leaked-sibling test fails; with the reflattened rows
 put back by the order instead of its inverse, the first family test fails
-on each family."""
+on each family.
+
+The substitution is also a proof of a defect in the verify under test
+(``leak``): a row moved by tokens off its root path, from a verify that
+repeats its bits, sees keys its mask must hide; where the envelope cannot
+decide, that FAILs. Tried: with ``root_path_verdict`` passing no ``leak``,
+the planted mask defect's verdict below is inconclusive."""
 
 import mlx.core as mx
 import pytest
@@ -17,9 +23,11 @@ from suites.verify import helpers
 from treespec.audit.states import root_path_forwards
 from treespec.evidence import numerics
 from treespec.evidence.controls import CONTROLS, RECURRENCE, clone, verifiers
-from treespec.evidence.isolation import isolation, reordered, reordered_rows
+from treespec.evidence.isolation import isolation, leak, reordered, reordered_rows
+from treespec.backend.census import Row
 from treespec.evidence.same_width import position_reason
 from treespec.tree import DraftTree
+from treespec.verify import adapter_for
 
 pytestmark = pytest.mark.exactness
 
@@ -97,3 +105,40 @@ def test_a_wide_envelope_passes_a_correct_verify_by_isolation_and_never_a_leaked
     v = numerics.judge(leaked, refs, env, isolation=lambda: isolation(
         model, before, TREE, found=(defective[LEAKED], defective)))
     assert v.word == numerics.INCONCLUSIVE, v.detail
+
+
+def test_a_leak_is_shown_in_a_verify_that_lets_a_node_see_off_its_path_and_in_no_other():
+    model, before = subject("llama")
+    proved(model, before)  # a backend that repeats a row's bits from its own inputs
+    real, defective = verifiers(model, TREE)
+    assert leak(model, before, TREE) is None
+    assert leak(model, before, TREE, verify=real) is None
+    for control in (LEAKED, CAUSAL):
+        why = leak(model, before, TREE, verify=defective[control])
+        assert why is not None and why.startswith("a leak: node"), control
+    # flattened positions see no other node's keys: no leak, whatever else is wrong
+    assert leak(model, before, TREE, verify=defective[POSITIONS]) is None
+
+    def noisy(tree, cache):  # not deterministic: nothing can be shown
+        rows = defective[LEAKED](tree, cache)
+        return rows + mx.random.uniform(shape=rows.shape).astype(rows.dtype)
+    assert leak(model, before, TREE, verify=noisy) is None
+
+
+def widened_rows(model, widths):
+    """A planted census: a float32 product's row of an M-row call differs from M=2."""
+    return [Row("matmul", "float32", "planted", tuple(widths), 2, 1e-7, "tokens")]
+
+
+def test_a_mask_defect_fails_where_the_census_contradicts_an_envelope_of_zero(plant):
+    # Measured under BLIS: a planted attention that drops its mask moved zoo
+    # qwen3's node rows by 5.29 where the envelope measured 0, and the census's
+    # width rows made that inconclusive. The leak shows the defect without the
+    # envelope: FAIL, naming it.
+    model, before = subject("llama")
+    with plant("attention-drops-array-mask"):
+        logits = adapter_for(model).verify(TREE, clone(before))
+        verdict = helpers.root_path_verdict(model, before, TREE, logits, width_measure=widened_rows)
+    assert verdict.word == numerics.FAIL, verdict.line()
+    if verdict.envelope == 0:  # the case above (reference BLAS); elsewhere the bound already FAILs
+        assert "a leak: node" in verdict.detail, verdict.line()

@@ -128,13 +128,14 @@ class Tally:
         self.judged: List[numerics.Verdict] = []  # the non-bit-exact verdicts
 
     def compare(self, got: mx.array, want: mx.array, where: dict, env=None,
-                controls=None, placement=None, isolation=None, census=None) -> bool:
+                controls=None, placement=None, isolation=None, census=None, leak=None) -> bool:
         """``env``: the envelope (or a callable) two forwards of different widths
         are judged with (treespec.evidence.numerics.judge); without one, bit identity
         is required. ``controls``: the comparison's own negative controls;
-        ``placement``, ``isolation``, ``census``: judge's (a ring layout the
-        envelope did not measure; the controls the isolation proof catches;
-        the census contradicting an envelope of 0)."""
+        ``placement``, ``isolation``, ``census``, ``leak``: judge's (a ring
+        layout the envelope did not measure; the controls the isolation proof
+        catches; the census contradicting an envelope of 0; the verify shown
+        leaking without the envelope)."""
         self.count += 1
         if got.shape == want.shape and mx.array_equal(got, want).item():
             self.words[numerics.BIT_EXACT] += 1
@@ -148,7 +149,7 @@ class Tally:
         verdict = None
         if env is not None and got.shape == want.shape:
             verdict = numerics.judge(got, want, env, controls, placement=placement,
-                                     isolation=isolation, census=census)
+                                     isolation=isolation, census=census, leak=leak)
             if verdict.ok:
                 self.words[verdict.word] += 1
                 self.judged.append(verdict)

@@ -12,7 +12,7 @@ from typing import List
 import mlx.core as mx
 
 from ..evidence import numerics
-from ..evidence.isolation import isolation
+from ..evidence.isolation import isolation, leak
 from ..evidence.same_width import position_reason, same_width_rows, width_reason
 from ..errors import TreeRefused
 from ..tree import DraftTree
@@ -173,10 +173,11 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
             controls = _once(functools.partial(numerics.controls, model, base, tree, refs))
             proof = _once(functools.partial(isolation, model, base, tree))
             zero = functools.partial(width_reason, model, len(tree))
+            leaked = _once(functools.partial(leak, model, base, tree))
             for i in range(len(tree)):
                 tally.compare(logits[i], refs[i], {**where, "node": i, "path": tree.path_to(i)},
                               env=env, controls=controls, placement=placement, isolation=proof,
-                              census=zero)
+                              census=zero, leak=leaked)
     if tally.refused and tally.count:
         tally.note(f"{len(tally.refused)} trees refused ({tally.refused[0]})")
     for why in sorted(unproven):

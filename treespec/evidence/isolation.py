@@ -38,6 +38,14 @@ power against that defect is shown, never assumed). A control isolation does
 not catch still has to clear the envelope's separation rule. It is never a
 reason to pass a difference from the root-path forwards: that is still judged
 against the envelope.
+
+The first transformation is also a proof of a defect, where the verify under
+test fails it (:func:`leak`): a node's row that changes when only tokens off
+its root path change, from a verify that gives the same bits when repeated on
+the same inputs, sees keys its mask must hide. Same shapes, same kernels, the
+node's own inputs unchanged: no backend's rounding moves it. So where the
+envelope cannot decide (it measured 0 on a backend whose census says rows
+round by width or place; or the controls do not separate), a leak FAILs.
 """
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -45,9 +53,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import mlx.core as mx
 
 from ..tree import DraftTree, renumbered
-from .controls import clone, verifiers
+from .controls import adapter_or_none, clone, verifiers
 
-__all__ = ["isolation", "off_path", "reordered", "reordered_rows", "substituted_rows"]
+__all__ = ["isolation", "leak", "off_path", "reordered", "reordered_rows", "substituted_rows"]
 
 
 def off_path(tree: DraftTree, node: int, vocab: int) -> DraftTree:
@@ -120,3 +128,32 @@ def isolation(model, before: Sequence, tree: DraftTree,
         own = own.reshape(rows.shape)
         caught[name] = any(not mx.array_equal(t(verify), own).item() for t in proofs)
     return caught
+
+
+def leak(model, before: Sequence, tree: DraftTree,
+         verify: Optional[Callable] = None) -> Optional[str]:
+    """Why ``verify`` (tree, cache -> node rows; default: ``model``'s
+    adapter's) lets a node see nodes off its root path, or None where that is
+    not shown: some node's row changes when every token off its root path is
+    replaced (:func:`substituted_rows`) while the verify repeated on the same
+    inputs gives the same bits. None also where the repeat differs (the
+    backend is not deterministic: nothing is shown) or there is no adapter."""
+    if verify is None:
+        real = adapter_or_none(model)
+        if real is None:
+            return None
+        verify = real.verify
+    first = verify(tree, clone(before))
+    rows = first.reshape(-1, first.shape[-1])
+    again = verify(tree, clone(before))
+    if not mx.array_equal(again.reshape(rows.shape), rows).item():
+        return None
+    moved = substituted_rows(verify, before, tree, rows.shape[-1])
+    per_node = mx.max(mx.abs(moved.astype(mx.float32) - rows.astype(mx.float32)), axis=-1)
+    changed = [i for i, d in enumerate(per_node.tolist()) if d != 0]
+    if not changed:
+        return None
+    i = max(changed, key=lambda k: per_node[k].item())
+    return (f"a leak: node {i}'s row changes by {per_node[i].item():.3g} when only tokens off its "
+            f"root path change ({len(changed)} of {len(tree)} nodes do), while the verify repeated "
+            "gives the same bits: it sees keys its mask must hide")

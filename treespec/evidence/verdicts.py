@@ -22,7 +22,7 @@ Words, worst first: FAIL, inconclusive, within envelope, declined by gate,
 bit-exact.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, Iterable, Optional, Tuple
 
 import mlx.core as mx
@@ -212,7 +212,7 @@ def unsound(env: Envelope, what: str = "") -> Verdict:
 
 
 def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
-          placement=None, isolation=None, census=None) -> Verdict:
+          placement=None, isolation=None, census=None, leak=None) -> Verdict:
     """The verdict on two forwards' logits (any shape; rows along the first
     axis): bit-exact, within the envelope (and the controls separate),
     inconclusive (they do not), or FAIL. ``env``: an :class:`Envelope`, or a
@@ -246,8 +246,21 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
     bit unchanged with the tokens off their root paths replaced or the tree
     flattened in another order, each control's rows not). A control it
     catches needs no separation from the envelope; one it does not still
-    does. None: nothing proved."""
+    does. None: nothing proved.
+
+    ``leak`` (a str, or a callable returning one or None, called only where
+    the verdict would otherwise be inconclusive): why the verify under test
+    is shown defective without the envelope (treespec.evidence.isolation.leak:
+    a node's row moved by tokens off its root path). The verdict is then
+    FAIL, naming it."""
     what = f"{what}: " if what else ""
+
+    def unless_leak(verdict: Verdict) -> Verdict:
+        shown = leak() if callable(leak) else leak
+        if not shown:
+            return verdict
+        return replace(verdict, word=FAIL, detail=f"{verdict.detail}; but {shown}")
+
     if got.shape != want.shape:
         return Verdict(FAIL, float("inf"), detail=f"{what}shape {tuple(got.shape)} != {tuple(want.shape)}")
     if mx.array_equal(got, want).item():
@@ -265,15 +278,15 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
         first = int(np.nonzero(rows > 0)[0][0])
         why = placement() if callable(placement) else placement
         if why:
-            return Verdict(INCONCLUSIVE, diff, 0.0, 0.0, detail=(
+            return unless_leak(Verdict(INCONCLUSIVE, diff, 0.0, 0.0, detail=(
                 f"{what}differs by {diff:.3g}{where}, first at row {first}, where the envelope "
                 f"(every row's keys contiguous) is 0; but {why}, and these rows' keys sit among "
-                f"masked ones: a placement the envelope did not measure ({env.line()})"))
+                f"masked ones: a placement the envelope did not measure ({env.line()})")))
         zero = census() if callable(census) else census
         if zero:
-            return Verdict(INCONCLUSIVE, diff, 0.0, 0.0, detail=(
+            return unless_leak(Verdict(INCONCLUSIVE, diff, 0.0, 0.0, detail=(
                 f"{what}differs by {diff:.3g}{where}, first at row {first}, where the envelope "
-                f"measured 0 ({env.line()}); but {zero}"))
+                f"measured 0 ({env.line()}); but {zero}")))
         return Verdict(FAIL, diff, 0.0, 0.0, detail=(
             f"{what}differs by {diff:.3g}{where}, first at row {first}, where this backend is "
             f"bit-exact ({env.line()})"))
@@ -295,10 +308,11 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
                    "controls " + ", ".join(f"{k} {v:.3g}" for k, v in c.items()))
         if caught:
             figures += f" ({', '.join(caught)} caught by isolation)"
-        return Verdict(INCONCLUSIVE, diff, env.value, env.bound, min(weak.values()) if weak else None,
-                       detail=(f"{what}max |diff| {diff:.3g}{where} within bound {env.bound:.3g}, but "
-                               f"{figures}: not {SEPARATION:g} x the bound ({SEPARATION * env.bound:.3g}), "
-                               f"so a defect of that size would pass too ({env.line()})"))
+        return unless_leak(Verdict(
+            INCONCLUSIVE, diff, env.value, env.bound, min(weak.values()) if weak else None,
+            detail=(f"{what}max |diff| {diff:.3g}{where} within bound {env.bound:.3g}, but "
+                    f"{figures}: not {SEPARATION:g} x the bound ({SEPARATION * env.bound:.3g}), "
+                    f"so a defect of that size would pass too ({env.line()})")))
     separated = {k: v for k, v in c.items() if k not in caught}
     weakest = min(separated.values()) if separated else None
     proof = (f"; {', '.join(caught)} ({', '.join(f'{c[k]:.3g}' for k in caught)}) caught by "
