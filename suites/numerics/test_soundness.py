@@ -102,6 +102,9 @@ def test_comparisons_on_unsound_kernels_are_inconclusive_never_a_pass(planted, q
     assert v.word == numerics.INCONCLUSIVE and numerics.UNSOUND in v.detail
     assert numerics.judge(a + 1.0, a, env).word == numerics.INCONCLUSIVE  # not FAIL: no bound
     assert numerics.judge(a, a, env).word == numerics.BIT_EXACT  # equal bytes are equal anywhere
+    # a leak shown by a verify that repeats its bits needs no bound (isolation.leak)
+    v = numerics.judge(a + 1.0, a, env, leak="a leak: node 1's row changes")
+    assert v.word == numerics.FAIL and numerics.UNSOUND in v.detail and "a leak" in v.detail
 
 
 @pytest.mark.parametrize("measured", ["envelope", "measure"])

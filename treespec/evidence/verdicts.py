@@ -266,8 +266,8 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
     if mx.array_equal(got, want).item():
         return Verdict(BIT_EXACT, 0.0)
     env = env() if callable(env) else env
-    if env.faults:
-        return unsound(env, what)
+    if env.faults:  # a kernel that does not repeat its bits: only a leak that repeats shows
+        return unless_leak(unsound(env, what))
     a = got.astype(mx.float32).reshape(-1, got.shape[-1]) if got.ndim else got.reshape(1, 1)
     b = want.astype(mx.float32).reshape(a.shape)
     rows = np.array(mx.max(mx.abs(a - b), axis=-1)).astype(np.float64)
