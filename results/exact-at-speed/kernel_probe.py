@@ -4,7 +4,10 @@ are bit-identical to the row computed alone, and what MLX's own multi-row
 call gives beside it; then the cost of T rows through each, medians of
 interleaved repeats. One JSON line per measurement on stdout.
 
-    PYTHONPATH=. python3 results/exact-at-speed/kernel_probe.py [--quick]
+    PYTHONPATH=. python3 results/exact-at-speed/kernel_probe.py [--quick] [--cols 1,2,4,8]
+
+``--cols``: the quantized kernel's output columns per warp to compare
+(row_kernels.COLS_CHOICES); every value is checked for bit identity and timed.
 """
 
 import argparse
@@ -37,7 +40,7 @@ def compare(alone, batch, kernel):
     return sum(same_k), sum(same_b), diff
 
 
-def identity(quick):
+def identity(quick, cols=(rk.COLS,), row_counts=ROWS):
     dtypes = (mx.bfloat16,) if quick else (mx.bfloat16, mx.float16, mx.float32)
     for dtype in dtypes:
         for bits, group in [(4, 64), (8, 64), (4, 32), (4, 128), (2, 64), (6, 64)][: 2 if quick else 6]:
@@ -45,20 +48,22 @@ def identity(quick):
                 if k % group:
                     continue
                 wq, s, b = quantized(k, n, dtype, bits, group)
-                for rows in ROWS:
+                for rows in row_counts:
                     x = mx.random.normal((rows, k)).astype(dtype)
                     alone = mx.concatenate([qcall(x[i][None, None], wq, s, b, bits, group)[0]
                                             for i in range(rows)])
                     batch = qcall(x[:, None], wq, s, b, bits, group)[:, 0]
-                    kern = rk.quantized_rows(x, wq, s, b, bits, group)
-                    mx.eval(alone, batch, kern)
-                    same_k, same_b, diff = compare(alone, batch, kern)
-                    print(json.dumps(dict(kind="quantized", dtype=str(dtype), bits=bits, group=group,
-                                          k=k, n=n, rows=rows, kernel_identical=same_k,
-                                          mlx_batch_identical=same_b, kernel_max_diff=diff)), flush=True)
+                    for c in cols:
+                        kern = rk.quantized_rows(x, wq, s, b, bits, group, cols=c)
+                        mx.eval(alone, batch, kern)
+                        same_k, same_b, diff = compare(alone, batch, kern)
+                        print(json.dumps(dict(kind="quantized", dtype=str(dtype), bits=bits,
+                                              group=group, k=k, n=n, rows=rows, cols=c,
+                                              kernel_identical=same_k, mlx_batch_identical=same_b,
+                                              kernel_max_diff=diff)), flush=True)
         for k, n in SHAPES[: 2 if quick else None]:
             w = (mx.random.normal((n, k)) * 0.05).astype(dtype)
-            for rows in ROWS:
+            for rows in row_counts:
                 x = mx.random.normal((rows, k)).astype(dtype)
                 alone = mx.concatenate([(x[i][None, None] @ w.T)[0] for i in range(rows)])
                 batch = (x[:, None] @ w.T)[:, 0]
@@ -78,15 +83,16 @@ def timed(fn, calls=40):
     return (time.perf_counter() - t) / calls * 1e3
 
 
-def cost(repeats):
+def cost(repeats, cols=(rk.COLS,), row_counts=(1, 2, 5, 8, 16)):
     for (k, n), bits in [((4096, 4096), 4), ((4096, 11008), 4), ((11008, 4096), 4), ((4096, 11008), 8)]:
         wq, s, b = quantized(k, n, mx.bfloat16, bits, 64)
-        for rows in (1, 2, 5, 8, 16):
+        for rows in row_counts:
             x = mx.random.normal((rows, k)).astype(mx.bfloat16)
             ways = {"mlx_one_row": lambda: qcall(x[:1][None], wq, s, b, bits, 64),
                     "mlx_batch": lambda: qcall(x[:, None], wq, s, b, bits, 64),
                     "mlx_tokens": lambda: qcall(x[None], wq, s, b, bits, 64),
-                    "kernel": lambda: rk.quantized_rows(x, wq, s, b, bits, 64)}
+                    **{f"kernel_c{c}": lambda c=c: rk.quantized_rows(x, wq, s, b, bits, 64, cols=c)
+                       for c in cols}}
             ms = {name: [] for name in ways}
             for _ in range(repeats):
                 for name, fn in ways.items():
@@ -100,15 +106,21 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--no-cost", action="store_true")
+    ap.add_argument("--no-identity", action="store_true")
+    ap.add_argument("--cols", default=str(rk.COLS), help="comma list of the kernel's columns per warp")
+    ap.add_argument("--rows", default=None, help="comma list of row counts (identity and cost)")
     args = ap.parse_args()
     if not rk.available():
         sys.exit("row kernels need MLX's CUDA backend")
     mx.random.seed(0)
     print(json.dumps(dict(kind="device", device=str(mx.default_device()),
                           info=mx.device_info() if hasattr(mx, "device_info") else None)), flush=True)
-    identity(args.quick)
+    cols = tuple(int(c) for c in args.cols.split(","))
+    rows = {} if args.rows is None else {"row_counts": tuple(int(r) for r in args.rows.split(","))}
+    if not args.no_identity:
+        identity(args.quick, cols, **rows)
     if not args.no_cost:
-        cost(args.repeats)
+        cost(args.repeats, cols, **rows)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,29 @@ def test_quantized_rows_equal_the_one_row_call(rows, dtype, bits, group):
 
 
 @needs_cuda
+@pytest.mark.parametrize("cols", row_kernels.COLS_CHOICES)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+@pytest.mark.parametrize("rows", [1, 5, 13])
+def test_every_column_grouping_gives_each_row_the_one_row_calls_bits(rows, dtype, bits, cols):
+    # How many output columns a warp carries is a cost choice: 390 columns
+    # leave a partial group at every grouping, which must be computed too.
+    k, n = 512, 390
+    w = (mx.random.normal((n, k), key=mx.random.key(5)) * 0.05).astype(dtype)
+    layer = nn.QuantizedLinear.from_linear(_linear(w), group_size=64, bits=bits)
+    x = mx.random.normal((rows, k), key=mx.random.key(6)).astype(dtype)
+    got = row_kernels.quantized_rows(x, layer.weight, layer.scales, layer.biases, bits, 64, cols=cols)
+    want = mx.concatenate([layer(x[i][None]) for i in range(rows)])
+    assert _bits_equal(got, want), helpers.max_abs_diff(got, want)
+
+
+def test_a_column_grouping_the_kernel_is_not_built_for_is_refused_naming_it():
+    x = mx.zeros((2, 64))
+    with pytest.raises(ValueError, match=r"cols: one of \(1, 2, 4, 8\), not 3"):
+        row_kernels.quantized_rows(x, mx.zeros((4, 8), mx.uint32), x, x, 4, 64, cols=3)
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
 @pytest.mark.parametrize("rows", [2, 5, 13])
 def test_dense_rows_equal_the_one_row_call(rows, dtype):

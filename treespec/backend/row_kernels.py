@@ -45,6 +45,9 @@ __all__ = ["MAX_ROWS", "available", "coverage", "dense_rows", "linear_rows", "qu
 
 # Rows one warp carries through a weight tile; more rows run in chunks of this many.
 MAX_ROWS = 8
+# Output columns one warp carries in the quantized kernel (compiled per value).
+COLS_CHOICES = (1, 2, 4, 8)
+COLS = 1
 
 _HEADER = r"""
 // utils.cuh (MLX's default kernel header) defines the FP_* classification
@@ -118,8 +121,11 @@ __device__ void dense(const T* x, const T* w, T* out, int ROWS, int N, int K) {
   }
 }
 
-// One warp per output column ``col``; up to R rows of x from row r0.
-template <typename T, int BITS, int GROUP, int R>
+// One warp per C consecutive output columns from ``col``; up to R rows of x
+// from row r0. Each (row, column) pair keeps its own E accumulators and sees
+// the one-row kernel's sequence of operations; what C buys is that a row's
+// slice of x is loaded once per tile for C columns instead of once per column.
+template <typename T, int BITS, int GROUP, int R, int C>
 __device__ void quantized(const T* x, const uint8_t* w, const T* scales, const T* biases, T* out,
                           int ROWS, int N, int K) {
   using Q = typename Packed<BITS>::type;
@@ -127,49 +133,60 @@ __device__ void quantized(const T* x, const uint8_t* w, const T* scales, const T
   constexpr int TILE = 32 * E;
   constexpr bool WIDE = BITS >= 8;  // float32 accumulators from 8 bits
   using Acc = cuda::std::conditional_t<WIDE, float, T>;
+  using W = cuda::std::conditional_t<WIDE, float, T>;  // a dequantized weight as the fma takes it
 
   auto warp = cg::tiled_partition<32>(cg::this_thread_block());
-  Slot at = slot<R>(ROWS, N);
-  if (at.col >= N) return;
-  const int col = at.col, r0 = at.r0, rows = at.rows, lane = warp.thread_rank();
-
+  const int col0 = int(blockIdx.y * 8 + threadIdx.y) * C;
+  if (col0 >= N) return;
+  const int r0 = blockIdx.z * R, rows = min(R, ROWS - r0), cols = min(C, N - col0);
+  const int lane = warp.thread_rank();
   const T* xs = x + (long)r0 * K;
-  const uint8_t* wb = w + (long)col * (K * BITS / 8);
-  const T* sc = scales + (long)col * (K / GROUP);
-  const T* bi = biases + (long)col * (K / GROUP);
 
-  cutlass::Array<Acc, E> acc[R];
+  cutlass::Array<Acc, E> acc[R][C];
 #pragma unroll
-  for (int m = 0; m < R; ++m) acc[m].fill(Acc(0));
+  for (int m = 0; m < R; ++m)
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[m][c].fill(Acc(0));
 
   auto tile = [&](int idx) {
-    T scale = sc[idx / GROUP];
-    T bias = bi[idx / GROUP];
-    auto wq = *reinterpret_cast<const cutlass::Array<Q, E>*>(wb + idx * BITS / 8);
-    cutlass::NumericArrayConverter<T, Q, E> to_t;
-    cutlass::Array<T, E> wd = to_t(wq);
-    if constexpr (cuda::std::is_same_v<T, float>) {
+    cutlass::Array<W, E> wd[C];
 #pragma unroll
-      for (int i = 0; i < E; ++i) wd[i] = wd[i] * scale + bias;
-    } else {
-      wd = wd * scale + bias;
-    }
-    if constexpr (WIDE && !cuda::std::is_same_v<T, float>) {
-      cutlass::NumericArrayConverter<float, T, E> to_f;
-      cutlass::Array<float, E> wf = to_f(wd);
+    for (int c = 0; c < C; ++c) {
+      if (c < cols) {
+        const long col = col0 + c;
+        T scale = scales[col * (K / GROUP) + idx / GROUP];
+        T bias = biases[col * (K / GROUP) + idx / GROUP];
+        auto wq = *reinterpret_cast<const cutlass::Array<Q, E>*>(w + col * (K * BITS / 8) + idx * BITS / 8);
+        cutlass::NumericArrayConverter<T, Q, E> to_t;
+        cutlass::Array<T, E> wt = to_t(wq);
+        if constexpr (cuda::std::is_same_v<T, float>) {
 #pragma unroll
-      for (int m = 0; m < R; ++m) {
-        if (m < rows) {
-          auto xv = *reinterpret_cast<const cutlass::Array<T, E>*>(xs + (long)m * K + idx);
-          acc[m] = cutlass::fma(to_f(xv), wf, acc[m]);
+          for (int i = 0; i < E; ++i) wt[i] = wt[i] * scale + bias;
+        } else {
+          wt = wt * scale + bias;
+        }
+        if constexpr (WIDE && !cuda::std::is_same_v<T, float>) {
+          cutlass::NumericArrayConverter<float, T, E> to_f;
+          wd[c] = to_f(wt);
+        } else {
+          wd[c] = wt;
         }
       }
-    } else {
+    }
 #pragma unroll
-      for (int m = 0; m < R; ++m) {
-        if (m < rows) {
-          auto xv = *reinterpret_cast<const cutlass::Array<T, E>*>(xs + (long)m * K + idx);
-          acc[m] = cutlass::fma(xv, wd, acc[m]);
+    for (int m = 0; m < R; ++m) {
+      if (m < rows) {
+        auto xv = *reinterpret_cast<const cutlass::Array<T, E>*>(xs + (long)m * K + idx);
+        if constexpr (WIDE && !cuda::std::is_same_v<T, float>) {
+          cutlass::NumericArrayConverter<float, T, E> to_f;
+          cutlass::Array<float, E> xf = to_f(xv);
+#pragma unroll
+          for (int c = 0; c < C; ++c)
+            if (c < cols) acc[m][c] = cutlass::fma(xf, wd[c], acc[m][c]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < C; ++c)
+            if (c < cols) acc[m][c] = cutlass::fma(xv, wd[c], acc[m][c]);
         }
       }
     }
@@ -183,12 +200,15 @@ __device__ void quantized(const T* x, const uint8_t* w, const T* scales, const T
 
 #pragma unroll
   for (int m = 0; m < R; ++m) {
-    if (m < rows) {
-      float sum = 0;
 #pragma unroll
-      for (int i = 0; i < E; ++i) sum += static_cast<float>(acc[m][i]);
-      sum = cg::reduce(warp, sum, cg::plus<float>{});
-      if (lane == 0) out[(long)(r0 + m) * N + col] = static_cast<T>(sum);
+    for (int c = 0; c < C; ++c) {
+      if (m < rows && c < cols) {
+        float sum = 0;
+#pragma unroll
+        for (int i = 0; i < E; ++i) sum += static_cast<float>(acc[m][c][i]);
+        sum = cg::reduce(warp, sum, cg::plus<float>{});
+        if (lane == 0) out[(long)(r0 + m) * N + col0 + c] = static_cast<T>(sum);
+      }
     }
   }
 }
@@ -202,7 +222,7 @@ __device__ void quantized(const T* x, const uint8_t* w, const T* scales, const T
 # dtype and weight layout, any shape.
 _QUANTIZED = r"""
   using T = typename treespec_rows::Cut<T_>::type;
-  treespec_rows::quantized<T, BITS, GROUP, ROWS_CHUNK>(
+  treespec_rows::quantized<T, BITS, GROUP, RCHUNK, COLS>(
       reinterpret_cast<const T*>(x), reinterpret_cast<const uint8_t*>(w),
       reinterpret_cast<const T*>(scales), reinterpret_cast<const T*>(biases),
       reinterpret_cast<T*>(out), x_shape[0], w_shape[0], x_shape[1]);
@@ -210,7 +230,7 @@ _QUANTIZED = r"""
 
 # Dense: template T_ (the activation dtype) and NPT (elements per thread per tile).
 _DENSE = r"""
-  treespec_rows::dense<T_, NPT, ROWS_CHUNK>(x, w, out, x_shape[0], w_shape[0], x_shape[1]);
+  treespec_rows::dense<T_, NPT, RCHUNK>(x, w, out, x_shape[0], w_shape[0], x_shape[1]);
 """
 
 _KERNELS = {}
@@ -228,7 +248,7 @@ def available() -> bool:
 
 def _kernel(kind: str):
     if kind not in _KERNELS:
-        source = (_QUANTIZED if kind == "quantized" else _DENSE).replace("ROWS_CHUNK", str(MAX_ROWS))
+        source = _QUANTIZED if kind == "quantized" else _DENSE
         inputs = ["x", "w", "scales", "biases"] if kind == "quantized" else ["x", "w"]
         _KERNELS[kind] = mx.fast.cuda_kernel(name=f"treespec_rows_{kind}", input_names=inputs,
                                              output_names=["out"], source=source,
@@ -236,22 +256,35 @@ def _kernel(kind: str):
     return _KERNELS[kind]
 
 
-def _launch(kind: str, inputs, rows: int, n: int, dtype, template):
-    chunks = -(-rows // MAX_ROWS)
-    return _kernel(kind)(inputs=inputs, template=template, output_shapes=[(rows, n)],
-                         output_dtypes=[dtype], grid=(32, 8 * -(-n // 8), chunks),
+def _launch(kind: str, inputs, rows: int, n: int, dtype, template, cols: int = 1):
+    # A chunk of R rows per warp, R compiled in. One column a warp: R =
+    # MAX_ROWS (one kernel for every row count; 8 rows' accumulators fit in
+    # registers). Several: R = min(rows, MAX_ROWS), so that a call never
+    # allocates accumulators for rows it does not have (8 rows x 8 columns
+    # spill: ptxas, sm_90).
+    r = MAX_ROWS if cols == 1 else max(1, min(rows, MAX_ROWS))
+    chunks = -(-rows // r)
+    warps = -(-n // cols)  # one warp per ``cols`` output columns, 8 warps a block
+    return _kernel(kind)(inputs=inputs, template=[*template, ("RCHUNK", r)],
+                         output_shapes=[(rows, n)],
+                         output_dtypes=[dtype], grid=(32, 8 * -(-warps // 8), chunks),
                          threadgroup=(32, 8, 1))[0]
 
 
 def quantized_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                   bits: int, group_size: int) -> mx.array:
+                   bits: int, group_size: int, cols: Optional[int] = None) -> mx.array:
     """``x`` (rows, K) times the affine-quantized ``w`` (N, K*bits/32, as
     ``mx.quantize`` packs it) transposed: (rows, N), each row as MLX's one-row
-    ``qmv`` computes it (module docstring)."""
+    ``qmv`` computes it (module docstring). ``cols``: output columns one warp
+    carries (each weight tile and each row's slice of x read once for them),
+    :data:`COLS` by default; it changes the cost, never a row's operations."""
+    cols = COLS if cols is None else cols
+    if cols not in COLS_CHOICES:
+        raise ValueError(f"cols: one of {COLS_CHOICES}, not {cols}")
     rows, k = x.shape
     n = w.shape[0]
     return _launch("quantized", [x, w, scales, biases], rows, n, x.dtype,
-                   [("T_", x.dtype), ("BITS", bits), ("GROUP", group_size)])
+                   [("T_", x.dtype), ("BITS", bits), ("GROUP", group_size), ("COLS", cols)], cols)
 
 
 def dense_rows(x: mx.array, w: mx.array) -> mx.array:
