@@ -7,7 +7,8 @@ interleaved repeats. One JSON line per measurement on stdout.
     PYTHONPATH=. python3 results/exact-at-speed/kernel_probe.py [--quick] [--cols 1,2,4,8]
 
 ``--cols``: the quantized kernel's output columns per warp to compare
-(row_kernels.COLS_CHOICES); every value is checked for bit identity and timed.
+(row_kernels.COLS_CHOICES; default: its per-width default, row_kernels.COLS);
+every value is checked for bit identity and timed.
 """
 
 import argparse
@@ -40,7 +41,7 @@ def compare(alone, batch, kernel):
     return sum(same_k), sum(same_b), diff
 
 
-def identity(quick, cols=(rk.COLS,), row_counts=ROWS):
+def identity(quick, cols=(None,), row_counts=ROWS):
     dtypes = (mx.bfloat16,) if quick else (mx.bfloat16, mx.float16, mx.float32)
     for dtype in dtypes:
         for bits, group in [(4, 64), (8, 64), (4, 32), (4, 128), (2, 64), (6, 64)][: 2 if quick else 6]:
@@ -83,7 +84,7 @@ def timed(fn, calls=40):
     return (time.perf_counter() - t) / calls * 1e3
 
 
-def cost(repeats, cols=(rk.COLS,), row_counts=(1, 2, 5, 8, 16)):
+def cost(repeats, cols=(None,), row_counts=(1, 2, 5, 8, 16)):
     for (k, n), bits in [((4096, 4096), 4), ((4096, 11008), 4), ((11008, 4096), 4), ((4096, 11008), 8)]:
         wq, s, b = quantized(k, n, mx.bfloat16, bits, 64)
         for rows in row_counts:
@@ -91,7 +92,7 @@ def cost(repeats, cols=(rk.COLS,), row_counts=(1, 2, 5, 8, 16)):
             ways = {"mlx_one_row": lambda: qcall(x[:1][None], wq, s, b, bits, 64),
                     "mlx_batch": lambda: qcall(x[:, None], wq, s, b, bits, 64),
                     "mlx_tokens": lambda: qcall(x[None], wq, s, b, bits, 64),
-                    **{f"kernel_c{c}": lambda c=c: rk.quantized_rows(x, wq, s, b, bits, 64, cols=c)
+                    **{"kernel" if c is None else f"kernel_c{c}": lambda c=c: rk.quantized_rows(x, wq, s, b, bits, 64, cols=c)
                        for c in cols}}
             ms = {name: [] for name in ways}
             for _ in range(repeats):
@@ -107,7 +108,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--no-cost", action="store_true")
     ap.add_argument("--no-identity", action="store_true")
-    ap.add_argument("--cols", default=str(rk.COLS), help="comma list of the kernel's columns per warp")
+    ap.add_argument("--cols", default=None,
+                    help="comma list of the kernel's columns per warp (default: row_kernels.COLS)")
     ap.add_argument("--rows", default=None, help="comma list of row counts (identity and cost)")
     args = ap.parse_args()
     if not rk.available():
@@ -115,7 +117,7 @@ def main():
     mx.random.seed(0)
     print(json.dumps(dict(kind="device", device=str(mx.default_device()),
                           info=mx.device_info() if hasattr(mx, "device_info") else None)), flush=True)
-    cols = tuple(int(c) for c in args.cols.split(","))
+    cols = (None,) if args.cols is None else tuple(int(c) for c in args.cols.split(","))
     rows = {} if args.rows is None else {"row_counts": tuple(int(r) for r in args.rows.split(","))}
     if not args.no_identity:
         identity(args.quick, cols, **rows)

@@ -47,7 +47,12 @@ __all__ = ["MAX_ROWS", "available", "coverage", "dense_rows", "linear_rows", "qu
 MAX_ROWS = 8
 # Output columns one warp carries in the quantized kernel (compiled per value).
 COLS_CHOICES = (1, 2, 4, 8)
-COLS = 1
+# The default per weight width, measured on an H100 (results/exact-at-speed,
+# kernel_probe.py --cols 1,2,4 at 2, 5 and 8 rows, bfloat16): 2 columns make
+# 4-bit layers 1.2-1.6x cheaper than 1 at every row count, every row
+# bit-identical; at 8 bits 2 columns help up to 5 rows and cost more at 8, so
+# 1 stays; other widths unmeasured, 1.
+COLS = {4: 2}
 
 _HEADER = r"""
 // utils.cuh (MLX's default kernel header) defines the FP_* classification
@@ -277,8 +282,8 @@ def quantized_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     ``mx.quantize`` packs it) transposed: (rows, N), each row as MLX's one-row
     ``qmv`` computes it (module docstring). ``cols``: output columns one warp
     carries (each weight tile and each row's slice of x read once for them),
-    :data:`COLS` by default; it changes the cost, never a row's operations."""
-    cols = COLS if cols is None else cols
+    ``COLS.get(bits, 1)`` by default; it changes the cost, never a row's operations."""
+    cols = COLS.get(bits, 1) if cols is None else cols
     if cols not in COLS_CHOICES:
         raise ValueError(f"cols: one of {COLS_CHOICES}, not {cols}")
     rows, k = x.shape
