@@ -15,7 +15,7 @@ from suites.helpers_numerics import model_label, require_sound
 from suites.verdict import VERIFY, expect
 from treespec import caches, zoo
 from treespec.evidence import numerics
-from treespec.backend.census import census
+from treespec.backend.census import Row, census
 from treespec.backend.census_position import position_census
 from treespec.evidence.isolation import isolation, leak
 from treespec.evidence.same_width import position_reason, same_width_rows, width_reason
@@ -160,6 +160,12 @@ def linear_trees(family: str) -> dict:
 # ---------------------------------------------------------------------------
 # Assertions shared by the verify tests
 # ---------------------------------------------------------------------------
+
+def widened_rows(model, widths):
+    """A planted census (``width_measure`` of :func:`root_path_verdict`): a
+    float32 product's row of an M-row call differs from M=2."""
+    return [Row("matmul", "float32", "planted", tuple(widths), 2, 1e-7, "tokens")]
+
 
 def root_path_verdict(model, before, tree, logits, kv=None,
                       measure=position_census, width_measure=census) -> numerics.Verdict:

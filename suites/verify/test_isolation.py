@@ -24,7 +24,6 @@ from treespec.audit.states import root_path_forwards
 from treespec.evidence import numerics
 from treespec.evidence.controls import CONTROLS, RECURRENCE, clone, verifiers
 from treespec.evidence.isolation import isolation, leak, reordered, reordered_rows
-from treespec.backend.census import Row
 from treespec.evidence.same_width import position_reason
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
@@ -125,10 +124,6 @@ def test_a_leak_is_shown_in_a_verify_that_lets_a_node_see_off_its_path_and_in_no
     assert leak(model, before, TREE, verify=noisy) is None
 
 
-def widened_rows(model, widths):
-    """A planted census: a float32 product's row of an M-row call differs from M=2."""
-    return [Row("matmul", "float32", "planted", tuple(widths), 2, 1e-7, "tokens")]
-
 
 def test_a_mask_defect_fails_where_the_census_contradicts_an_envelope_of_zero(plant):
     # Measured under BLIS: a planted attention that drops its mask moved zoo
@@ -138,7 +133,8 @@ def test_a_mask_defect_fails_where_the_census_contradicts_an_envelope_of_zero(pl
     model, before = subject("llama")
     with plant("attention-drops-array-mask"):
         logits = adapter_for(model).verify(TREE, clone(before))
-        verdict = helpers.root_path_verdict(model, before, TREE, logits, width_measure=widened_rows)
+        verdict = helpers.root_path_verdict(model, before, TREE, logits,
+                                            width_measure=helpers.widened_rows)
     assert verdict.word == numerics.FAIL, verdict.line()
     if verdict.envelope == 0:  # the case above (reference BLAS); elsewhere the bound already FAILs
         assert "a leak: node" in verdict.detail, verdict.line()

@@ -141,10 +141,6 @@ def test_a_position_row_that_could_not_run_excuses_no_difference(planted):
     assert failed.word == numerics.FAIL, failed.line()
 
 
-def widened_rows(model, widths):
-    """A planted census: a float32 product's row of an M-row call differs from M=2."""
-    return [Row("matmul", "float32", "planted", tuple(widths), 2, 1e-7, "tokens")]
-
 
 @pytest.mark.parametrize("census", ["this backend's", "placement-dependent", "width-dependent"])
 def test_on_a_ring_without_room_a_difference_the_envelope_never_saw_is_inconclusive(census):
@@ -163,7 +159,7 @@ def test_on_a_ring_without_room_a_difference_the_envelope_never_saw_is_inconclus
     if not env.exact:
         pytest.skip(f"the envelope is not 0 here ({env.line()}): judged against it instead")
     measure = placed_rows if census == "placement-dependent" else position_census
-    width_measure = widened_rows if census == "width-dependent" else census_rows
+    width_measure = helpers.widened_rows if census == "width-dependent" else census_rows
     why = position_reason(model, len(TREE), measure) or width_reason(model, len(TREE), width_measure)
     if census == "this backend's" and why is not None:
         pytest.skip(f"this backend's census contradicts the zero: {why}")

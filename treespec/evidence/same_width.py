@@ -56,7 +56,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache, can_trim_prompt_cache, trim_prompt_cache
 
 from ..backend.census import Row, census, narrowest, widths_text
-from ..backend.census_position import position_census, position_rows
+from ..backend.census_position import HOW as POSITION, position_census
 from ..backend.census_shapes import model_dtype, model_specs
 from ..caches import leaves
 from ..tree import DraftTree
@@ -97,19 +97,17 @@ def position_reason(model, width: int, measure=position_census) -> Optional[str]
     A position row that could not run here measured nothing: it shows no
     placement dependence, so it excuses no difference.
     ``measure``: treespec.backend.census_position.position_census."""
-    row = _first_differing(model, max(width, WIDEST), measure, _ran_position_rows)
+    row = _first_differing(model, max(width, WIDEST), measure, _ran(POSITION))
     return None if row is None else (
         f"no same-width proof here: the census measures a row's bits depending on its place "
         f"in the call ({_described(row)})")
 
 
-def _ran_position_rows(rows, dtype):
-    return [r for r in position_rows(rows, dtype) if not r.error]
-
-
-def _ran_tokens_rows(rows, dtype):
-    # A row that could not run measured nothing: it contradicts no zero.
-    return [r for r in rows if r.how == "tokens" and r.dtype == dtype and not r.error]
+def _ran(how: str):
+    """The census rows of one way of sharing a call (``how``), in a dtype,
+    that ran: a row that could not run measured nothing, so it neither
+    contradicts a zero nor shows a placement dependence."""
+    return lambda rows, dtype: [r for r in rows if r.how == how and r.dtype == dtype and not r.error]
 
 
 def width_reason(model, width: int, measure=census) -> Optional[str]:
@@ -122,7 +120,7 @@ def width_reason(model, width: int, measure=census) -> Optional[str]:
     samples did not (on an H100, gemma3_text bfloat16: an envelope of 0 at
     widths up to 9, and a tree's row off by 1.2e-7 in one logit).
     ``measure``: treespec.backend.census.census."""
-    row = _first_differing(model, width, measure, _ran_tokens_rows)
+    row = _first_differing(model, width, measure, _ran("tokens"))
     return None if row is None else (
         f"the census measures a row of an M-row call differing from the row alone "
         f"({_described(row)}): the envelope's 0 is its samples', not this backend's")
