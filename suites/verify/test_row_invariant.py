@@ -26,7 +26,8 @@ from treespec.zoo import cpu_limitation
 from treespec.verify import ROW_ADAPTER, RowAdapter, adapter_for
 from treespec.checkpoints import load_default_pair
 from treespec.decoding import decode
-from treespec.verify.depth_steps import depth_groups
+from treespec.errors import TreeRefused
+from treespec.verify.depth_steps import KeptRoPE, depth_groups
 
 pytestmark = pytest.mark.exactness
 
@@ -162,6 +163,28 @@ def test_a_planted_key_defect_breaks_the_identity(defect):
     got = _Planted(model, defect).verify(tree, clone(before))
     assert not _bits_equal(got, _steps(model, before, tree))
 
+
+
+def test_a_depth_pass_that_ropes_otherwise_than_the_wide_pass_is_refused():
+    """A depth's pass gets the wide pass's rotated rows for the same call
+    (treespec.verify.depth_steps.KeptRoPE), so the n-th rope call of every
+    pass must be the same call: one the wide pass never made, or of another
+    shape, is refused by name, never answered with some other call's rows.
+    (That the rows handed back are the right ones, the identity test above
+    shows: handing each depth the first n kept rows instead fails it.)"""
+    rope = nn.RoPE(8)
+    kept = KeptRoPE(rope)
+    x = mx.random.normal((3, 2, 1, 8))
+    assert mx.array_equal(kept(x, offset=4), rope(x, offset=4)).item()  # off: the rope itself
+    kept.set("keep")
+    wide = kept(x, offset=mx.array([4, 5, 6]))
+    kept.set("rows", slice(1, 3))
+    assert mx.array_equal(kept(x[1:3], offset=mx.array([5, 6])), wide[1:3]).item()
+    with pytest.raises(TreeRefused, match="rope called alike in every pass.*call 2 differs"):
+        kept(x[1:3], offset=mx.array([5, 6]))  # a second call the wide pass did not make
+    kept.set("rows", slice(1, 3))
+    with pytest.raises(TreeRefused, match="call 1 differs"):
+        kept(mx.random.normal((2, 2, 1, 4)), offset=mx.array([5, 6]))  # another shape
 
 def test_depth_groups_hold_each_nodes_root_path_in_depth_order():
     tree = DraftTree(list(range(12)), TREES["branching 12"])

@@ -16,8 +16,9 @@ attention module runs twice per verify, through its own code:
    nodes' keys and values into the real cache, in flattened order, as every
    verify does. Its attention output is never used, so MLX never computes it.
 2. **by depth**: once per depth d, the nodes of that depth on the batch axis.
-   The projections hand back their kept rows (no weight is read again), the
-   rope rotates each row at its node's position, and the cache hands every
+   The projections hand back their kept rows (no weight is read again), so
+   does the rope (the wide pass rotated every row at its node's position),
+   and the cache hands every
    row the history's keys followed by its root path's (its ancestors', in
    depth order, then its own): ``offset + d + 1`` keys, contiguous, no mask,
    the key count, order and values of a one-token step at that node. The
@@ -28,6 +29,13 @@ runs once over them. What a node's row then equals a one-token step's rests
 on the backend giving a row of a batched call the bits it has alone (the
 census's ``batch`` rows for the projections, attention and rope), measured,
 never assumed: the gate probes this verify like any other.
+
+Why the rope's rows are kept rather than rotated again per depth: a rope
+call costs the host about 9 us of graph building on a 2-core CPU (an add
+about 1), and two per attention per depth were half of what the depth passes
+added to a 32-layer verify's graph (results/exact-at-speed, graph_build.py),
+which a GPU waits for. Its rows are the same either way on a backend whose
+rope keeps batch rows (the census's rope rows; the gate measures the verify).
 
 The attention module must return its output projection's result as is (the
 wide pass checks it, and refuses otherwise) and call each linear child once.
@@ -45,7 +53,8 @@ from ..mixers import slots
 from ..standin import StandIn
 from .per_node import AttentionStandIn
 
-__all__ = ["DepthSteps", "KernelLinear", "Layout", "Projection", "depth_groups", "projections"]
+__all__ = ["DepthSteps", "KernelLinear", "KeptRoPE", "Layout", "Projection", "depth_groups",
+           "projections"]
 
 _LINEARS = (nn.Linear, nn.QuantizedLinear)
 
@@ -115,6 +124,45 @@ class Projection(StandIn):
         if self.mode == "rows":
             return _pick(self.kept, self.rows)
         return x
+
+
+class KeptRoPE(StandIn):
+    """Stands in for an attention's rope during one verify forward. ``keep``
+    (the wide pass): rotate and keep each call's output, in call order;
+    ``rows`` (a depth's pass): hand the n-th call the kept n-th output's rows
+    of the current depth, which must have the shape that call's input has
+    (else the attention ropes differently per pass: refused); ``off``
+    (outside a forward): the rope itself."""
+
+    def __init__(self, rope: nn.Module):
+        super().__init__()
+        self.inner = rope
+        object.__setattr__(self, "mode", "off")
+        object.__setattr__(self, "kept", [])
+        object.__setattr__(self, "rows", None)
+        object.__setattr__(self, "at", 0)
+
+    def set(self, mode: str, rows=None):
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "at", 0)
+        if mode != "rows":
+            object.__setattr__(self, "kept", [])
+
+    def __call__(self, x, *args, **kwargs):
+        if self.mode == "off":
+            return self.inner(x, *args, **kwargs)
+        if self.mode == "keep":
+            self.kept.append(self.inner(x, *args, **kwargs))
+            return self.kept[-1]
+        at = self.at
+        object.__setattr__(self, "at", at + 1)
+        out = _pick(self.kept[at], self.rows) if at < len(self.kept) else None
+        if out is None or out.shape != x.shape:
+            raise TreeRefused(None, "the row-invariant verify needs an attention's rope called "
+                              "alike in every pass (its depth passes reuse the wide pass's "
+                              f"rotated rows); call {at + 1} differs")
+        return out
 
 
 def _rows_of(nodes: np.ndarray):
@@ -208,10 +256,22 @@ class DepthSteps(AttentionStandIn):
     WHAT = "row-invariant attention"
 
     def __init__(self, attention: nn.Module, depths: mx.array, layout: Layout,
-                 linears: Sequence[Projection]):
+                 linears: Sequence[Projection], ropes: Sequence[KeptRoPE] = ()):
         super().__init__(attention, depths)
         object.__setattr__(self, "_layout", layout)
         object.__setattr__(self, "_linears", list(linears))
+        object.__setattr__(self, "_ropes", list(ropes))
+        # Called once per depth: by name where every parameter can be named
+        # (mlx-lm's attentions), which spares the host rebuilding
+        # BoundArguments.args/kwargs per call; else through them.
+        named = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                    for p in self._signature.parameters.values())
+        object.__setattr__(self, "_by_name", named)
+
+    def _call(self, bound: inspect.BoundArguments):
+        if self._by_name:
+            return self.inner(**bound.arguments)
+        return self.inner(*bound.args, **bound.kwargs)
 
     def rebind(self, depths: mx.array, layout: Layout):
         """Ready for another forward over another tree, the attention and its
@@ -229,9 +289,11 @@ class DepthSteps(AttentionStandIn):
         for p in self._linears:
             object.__setattr__(p, "mode", "keep")
             object.__setattr__(p, "kept", None)
+        for r in self._ropes:
+            r.set("keep")
         wide = _Wide(cache, history + self._depths)
         given[first], given["mask"], given["cache"] = rows, None, wide
-        out = self.inner(*bound.args, **bound.kwargs)
+        out = self._call(bound)
         last = [p for p in self._linears if p.kept is out]
         if len(last) != 1 or wide.fetched is None:
             raise TreeRefused(None, f"{type(self.inner).__name__} does not return its output "
@@ -244,13 +306,17 @@ class DepthSteps(AttentionStandIn):
         for group in self._layout.at(history):
             for p in self._linears:
                 object.__setattr__(p, "rows", group.rows)
+            for r in self._ropes:
+                r.set("rows", group.rows)
             given[first] = _pick(rows, group.rows)
             given["cache"] = _Keys(keys, values, group)
-            parts.append(self.inner(*bound.args, **bound.kwargs))
+            parts.append(self._call(bound))
         attended = mx.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
         if self._layout.unsort is not None:
             attended = mx.take(attended, self._layout.unsort, axis=0)
         out = last[0].inner(attended)
         for p in self._linears:
             object.__setattr__(p, "kept", None)
+        for r in self._ropes:
+            r.set("off")
         return out.reshape(1, T, *out.shape[2:])

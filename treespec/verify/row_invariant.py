@@ -33,7 +33,8 @@ from ..mixers import set_slot, slots
 from ..tree import DraftTree
 from .adapter import TreeAdapter, Verified
 from .attention import Sites, tree_injected
-from .depth_steps import DepthSteps, KernelLinear, Layout, Projection, depth_groups, projections
+from .depth_steps import (DepthSteps, KernelLinear, KeptRoPE, Layout, Projection, depth_groups,
+                          projections)
 from .tree_recurrence import TreeRecurrence
 
 # what the row kernels may stand in for (an embedding: its as_linear, a tied head)
@@ -147,20 +148,26 @@ class StandIns:
 
     def __init__(self):
         self.wanted: frozenset = frozenset()
-        # (container, key, attention, its DepthSteps, [(container, key, linear, Projection)])
+        # (container, key, attention, its DepthSteps, [(container, key, child, stand-in)]: its
+        # linears' Projections and its rope's KeptRoPE)
         self.sites: list = []
 
-    def current(self, model, wanted: frozenset, depths: mx.array, layout: Layout) -> list:
+    def current(self, model, wanted: frozenset, depths: mx.array, layout: Layout,
+                rope_attr: str) -> list:
         held = lambda c, k, m: c is not None and c[k] is m  # noqa: E731
         if wanted != self.wanted or not all(
-                held(c, k, m) and all(held(pc, pk, lin) for pc, pk, lin, _ in ps)
+                held(c, k, m) and all(held(pc, pk, child) for pc, pk, child, _ in ps)
                 for c, k, m, _, ps in self.sites):
             self.wanted, self.sites = wanted, []
             for _, container, key, module in slots(model):
                 if id(module) in wanted:
                     ps = [(c, k, lin, Projection(lin)) for _, c, k, lin in projections(module)]
-                    stand_in = DepthSteps(module, depths, layout, [p for *_, p in ps])
-                    self.sites.append((container, key, module, stand_in, ps))
+                    ropes = ([(module, rope_attr, module[rope_attr], KeptRoPE(module[rope_attr]))]
+                             if rope_attr in module else [])
+                    stand_in = DepthSteps(module, depths, layout, [p for *_, p in ps],
+                                          [r for *_, r in ropes])
+                    # (container, key, child, its stand-in): projections and rope alike
+                    self.sites.append((container, key, module, stand_in, ps + ropes))
         for *_, stand_in, _ in self.sites:
             stand_in.rebind(depths, layout)
         return self.sites
@@ -180,10 +187,11 @@ def _by_depth(model, cache, tree: DraftTree, owners: list, rope_attr: str, rope_
     put = []  # (container, key, module): restored in reverse
     steps = []
     try:
-        for container, key, module, stand_in, ps in stand_ins.current(model, wanted, depths, layout):
-            for c, k, linear, p in ps:
+        for container, key, module, stand_in, ps in stand_ins.current(model, wanted, depths, layout,
+                                                                     rope_attr):
+            for c, k, child, p in ps:
                 set_slot(c, k, p)
-                put.append((c, k, linear))
+                put.append((c, k, child))
             set_slot(container, key, stand_in)
             put.append((container, key, module))
             steps.append(stand_in)
