@@ -124,7 +124,6 @@ def test_a_leak_is_shown_in_a_verify_that_lets_a_node_see_off_its_path_and_in_no
     assert leak(model, before, TREE, verify=noisy) is None
 
 
-
 def test_a_mask_defect_fails_where_the_census_contradicts_an_envelope_of_zero(plant):
     # Measured under BLIS: a planted attention that drops its mask moved zoo
     # qwen3's node rows by 5.29 where the envelope measured 0, and the census's

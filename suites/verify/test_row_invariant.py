@@ -164,7 +164,6 @@ def test_a_planted_key_defect_breaks_the_identity(defect):
     assert not _bits_equal(got, _steps(model, before, tree))
 
 
-
 def test_a_depth_pass_that_ropes_otherwise_than_the_wide_pass_is_refused():
     """A depth's pass gets the wide pass's rotated rows for the same call
     (treespec.verify.depth_steps.KeptRoPE), so the n-th rope call of every
@@ -185,6 +184,7 @@ def test_a_depth_pass_that_ropes_otherwise_than_the_wide_pass_is_refused():
     kept.set("rows", slice(1, 3))
     with pytest.raises(TreeRefused, match="call 1 differs"):
         kept(mx.random.normal((2, 2, 1, 4)), offset=mx.array([5, 6]))  # another shape
+
 
 def test_depth_groups_hold_each_nodes_root_path_in_depth_order():
     tree = DraftTree(list(range(12)), TREES["branching 12"])

@@ -141,7 +141,6 @@ def test_a_position_row_that_could_not_run_excuses_no_difference(planted):
     assert failed.word == numerics.FAIL, failed.line()
 
 
-
 @pytest.mark.parametrize("census", ["this backend's", "placement-dependent", "width-dependent"])
 def test_on_a_ring_without_room_a_difference_the_envelope_never_saw_is_inconclusive(census):
     # No same-width reference where a root path reaches past the ring, and the envelope

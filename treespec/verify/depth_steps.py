@@ -101,18 +101,33 @@ def depth_groups(tree_depths: np.ndarray, ancestry: np.ndarray) -> List[Tuple[np
     return out
 
 
-class Projection(StandIn):
-    """Stands in for one linear child of an attention during one verify
-    forward. ``keep``: compute and keep the output; ``rows``: hand back the
-    kept output's rows of the current depth; ``hold``: hand back the input
-    (the output projection, run once afterwards)."""
+class _PassStandIn(StandIn):
+    """A child of an attention standing in for it during one verify forward,
+    switched pass by pass by :class:`DepthSteps` (:meth:`set`): ``keep`` in
+    the wide pass (compute and keep), ``rows`` in a depth's pass (hand back
+    the kept output's rows of that depth, ``rows``), ``off`` outside a
+    forward (the child itself). What is kept is dropped on entering and on
+    leaving a forward."""
 
-    def __init__(self, linear: nn.Module):
+    def __init__(self, inner: nn.Module):
         super().__init__()
-        self.inner = linear
-        object.__setattr__(self, "mode", "keep")
-        object.__setattr__(self, "kept", None)
-        object.__setattr__(self, "rows", None)
+        self.inner = inner
+        self.set("off")
+
+    def _empty(self):
+        return None
+
+    def set(self, mode: str, rows=None):
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "rows", rows)
+        if mode in ("keep", "off"):
+            object.__setattr__(self, "kept", self._empty())
+
+
+class Projection(_PassStandIn):
+    """Stands in for one linear child of an attention (:class:`_PassStandIn`);
+    ``keep`` keeps its one call's output; ``hold``: hand back the input (the
+    output projection, run once afterwards)."""
 
     def __call__(self, x):
         if self.mode == "keep":
@@ -123,31 +138,24 @@ class Projection(StandIn):
             return self.kept
         if self.mode == "rows":
             return _pick(self.kept, self.rows)
+        if self.mode == "off":
+            return self.inner(x)
         return x
 
 
-class KeptRoPE(StandIn):
-    """Stands in for an attention's rope during one verify forward. ``keep``
-    (the wide pass): rotate and keep each call's output, in call order;
-    ``rows`` (a depth's pass): hand the n-th call the kept n-th output's rows
-    of the current depth, which must have the shape that call's input has
-    (else the attention ropes differently per pass: refused); ``off``
-    (outside a forward): the rope itself."""
+class KeptRoPE(_PassStandIn):
+    """Stands in for an attention's rope (:class:`_PassStandIn`): ``keep``
+    keeps each call's output, in call order; in ``rows`` the n-th call of a
+    depth's pass gets the kept n-th output's rows, which must have the shape
+    that call's input has (else the attention ropes differently per pass:
+    refused)."""
 
-    def __init__(self, rope: nn.Module):
-        super().__init__()
-        self.inner = rope
-        object.__setattr__(self, "mode", "off")
-        object.__setattr__(self, "kept", [])
-        object.__setattr__(self, "rows", None)
-        object.__setattr__(self, "at", 0)
+    def _empty(self):
+        return []
 
     def set(self, mode: str, rows=None):
-        object.__setattr__(self, "mode", mode)
-        object.__setattr__(self, "rows", rows)
-        object.__setattr__(self, "at", 0)
-        if mode != "rows":
-            object.__setattr__(self, "kept", [])
+        super().set(mode, rows)
+        object.__setattr__(self, "at", 0)  # the pass's calls so far
 
     def __call__(self, x, *args, **kwargs):
         if self.mode == "off":
@@ -286,11 +294,9 @@ class DepthSteps(AttentionStandIn):
         _, T, D = x.shape
         history = cache.offset
         rows = x.reshape(T, 1, D)
-        for p in self._linears:
-            object.__setattr__(p, "mode", "keep")
-            object.__setattr__(p, "kept", None)
-        for r in self._ropes:
-            r.set("keep")
+        children = self._linears + self._ropes
+        for c in children:
+            c.set("keep")
         wide = _Wide(cache, history + self._depths)
         given[first], given["mask"], given["cache"] = rows, None, wide
         out = self._call(bound)
@@ -299,15 +305,13 @@ class DepthSteps(AttentionStandIn):
             raise TreeRefused(None, f"{type(self.inner).__name__} does not return its output "
                               "projection's result as is (or writes no cache): the "
                               "row-invariant verify cannot run its attention by depth")
-        for p in self._linears:
-            object.__setattr__(p, "mode", "hold" if p is last[0] else "rows")
+        last[0].set("hold")
         keys, values = wide.fetched
         parts = []
         for group in self._layout.at(history):
-            for p in self._linears:
-                object.__setattr__(p, "rows", group.rows)
-            for r in self._ropes:
-                r.set("rows", group.rows)
+            for c in children:
+                if c is not last[0]:
+                    c.set("rows", group.rows)
             given[first] = _pick(rows, group.rows)
             given["cache"] = _Keys(keys, values, group)
             parts.append(self._call(bound))
@@ -315,8 +319,6 @@ class DepthSteps(AttentionStandIn):
         if self._layout.unsort is not None:
             attended = mx.take(attended, self._layout.unsort, axis=0)
         out = last[0].inner(attended)
-        for p in self._linears:
-            object.__setattr__(p, "kept", None)
-        for r in self._ropes:
-            r.set("off")
+        for c in children:
+            c.set("off")
         return out.reshape(1, T, *out.shape[2:])
