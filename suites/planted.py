@@ -206,6 +206,9 @@ def shape_dependent(model, eps: float, axis: int, name: str):
     return planted
 
 
+PLANT_ENV = "TREESPEC_PLANT"
+
+
 @contextmanager
 def planted(name: str):
     """``PLANTS[name]`` installed, with fresh memos of the envelope and the
@@ -221,6 +224,7 @@ def planted(name: str):
         mp.setattr(numerics, "_MEMO", {})
         mp.setattr(gate, "_MEMO", {})
         mp.setenv("TREESPEC_CACHE_DIR", memo)
+        mp.setenv(PLANT_ENV, name)  # census children plant it too: suites/census_child.py
         PLANTS[name].install(mp)
         yield PLANTS[name]
     finally:

@@ -22,7 +22,7 @@ import pytest
 
 from treespec.evidence import numerics
 from suites.goldens import GOLDEN_MISSING
-from treespec.backend import census
+from treespec.backend import census_child
 from treespec.backend.blas import describe, regime
 
 PROPERTY = "treespec-verdicts"
@@ -74,8 +74,10 @@ def exact_dtype(dtype: str) -> bool:
 def _differing() -> tuple:
     """The census rows that deny exactness: a row that differs from the row
     alone, or an op that could not run here (nothing measured is nothing
-    proven)."""
-    return tuple(r for r in census.census()
+    proven). Measured in child processes (a kernel that crashes one is a row
+    that could not run, not a crashed run: treespec.backend.census_child),
+    under the session's plant if any (suites/census_child.py)."""
+    return tuple(r for r in census_child.isolated(child="suites.census_child")
                  if (r.first_differs is not None or r.error) and r.how != "steps")
 
 

@@ -25,12 +25,7 @@ products also with a cancelling draw: treespec.backend.census_inputs):
   placed at different indices of M-row calls of one M, among other rows.
 
 Rows are compared bit for bit; ``max_diff`` is the largest |difference| seen.
-The shapes are :data:`treespec.backend.census_shapes.DEFAULT_SPECS` or those
-read off a model (:func:`treespec.backend.census_shapes.model_specs`).
-
-    census(model=None, dtypes=None, widths=WIDTHS, seed=0) -> [Row]
-    inexact(rows) -> [Row]            the rows that differ at some M
-    measure_rows(fn, x, widths, axis)  the comparison itself, for any op
+Shapes: census_shapes' DEFAULT_SPECS or a model's own (``model_specs``).
 """
 
 import zlib
@@ -47,8 +42,8 @@ from .census_inputs import normal as _normal
 from .census_shapes import DEFAULT_SPECS, HISTORY, Spec, model_dtype, model_specs
 
 __all__ = ["DTYPES", "WIDTHS", "Row", "against_alone", "against_steps", "census", "format_table",
-           "inexact", "measure", "measure_rows", "row_invariant", "row_width", "summary",
-           "to_json", "widths_text"]
+           "inexact", "measure", "measure_row", "measure_rows", "plan", "row_invariant",
+           "row_width", "summary", "to_json", "widths_text"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 WIDTHS = tuple(range(1, 17))
@@ -97,9 +92,7 @@ def inexact(rows: Sequence[Row]) -> List[Row]:
     return [r for r in rows if r.first_differs is not None]
 
 
-# ---------------------------------------------------------------------------
 # The comparison.
-
 
 def _bits(a: mx.array) -> mx.array:
     return a.view(_UNSIGNED[a.dtype.size]) if mx.issubdtype(a.dtype, mx.floating) else a
@@ -388,36 +381,45 @@ def _checked_dtypes(dtypes) -> tuple:
     return tuple(dict.fromkeys(dtypes))
 
 
-def census(model=None, dtypes: Optional[Sequence[str]] = None, widths: Sequence[int] = WIDTHS,
-           seed: int = 0, measures: Optional[dict] = None) -> List[Row]:
-    """Measure every op of the default shapes (``model=None``) or of
-    ``model``'s own shapes, at ``dtypes`` (None: all three without a model,
-    the model's own dtype with one) and every M of ``widths``, on
-    ``mx.default_device()``. Inputs are seeded by ``seed`` and the row's
-    op, shape, how and dtype, so a census is reproducible. ``measures``: the
-    rows per op (default :data:`MEASURES`; the position rows:
-    treespec.backend.census_position)."""
-    ws = _checked_widths(widths)
+Planned = Tuple[Spec, str, str, str, Callable]  # (spec, op, how, dtype, build)
+
+
+def plan(model=None, dtypes: Optional[Sequence[str]] = None,
+         measures: Optional[dict] = None) -> List[Planned]:
+    """The rows :func:`census` measures, in its order (its arguments)."""
     if dtypes is None:
         dtypes = DTYPES if model is None else (model_dtype(model),)
     dtypes = _checked_dtypes(dtypes)
     specs = DEFAULT_SPECS if model is None else model_specs(model)
-    out = []
-    for spec in specs:
-        for op, how, build in (MEASURES if measures is None else measures).get(spec.op, ()):
-            for name in dtypes:
-                key = zlib.crc32(f"{op}|{spec.shape}|{how}|{name}".encode())
-                rng = np.random.default_rng([seed, key])
-                try:
-                    first, worst = measure(build(spec, getattr(mx, name), rng, ws[-1], how), ws)
-                except (RuntimeError, ValueError, TypeError) as e:
-                    msg = (str(e).splitlines() or [""])[0][:160]
-                    out.append(Row(op, name, spec.shape, ws, None, 0.0, how,
-                                   f"{type(e).__name__}: {msg}"))
-                    continue
-                out.append(Row(op, name, spec.shape, ws, first, worst, how))
-    return out
+    return [(spec, op, how, name, build) for spec in specs
+            for op, how, build in (MEASURES if measures is None else measures).get(spec.op, ())
+            for name in dtypes]
 
+
+def measure_row(planned: Planned, widths: tuple, seed: int = 0) -> Row:
+    """One planned row at ``widths`` (checked, ascending), its inputs seeded by
+    ``seed`` and the row's op, shape, how and dtype (reproducible); an op that
+    raises is a row that could not run."""
+    spec, op, how, name, build = planned
+    rng = np.random.default_rng([seed, zlib.crc32(f"{op}|{spec.shape}|{how}|{name}".encode())])
+    try:
+        first, worst = measure(build(spec, getattr(mx, name), rng, widths[-1], how), widths)
+    except (RuntimeError, ValueError, TypeError) as e:
+        msg = (str(e).splitlines() or [""])[0][:160]
+        return Row(op, name, spec.shape, widths, None, 0.0, how, f"{type(e).__name__}: {msg}")
+    return Row(op, name, spec.shape, widths, first, worst, how)
+
+
+def census(model=None, dtypes: Optional[Sequence[str]] = None, widths: Sequence[int] = WIDTHS,
+           seed: int = 0, measures: Optional[dict] = None) -> List[Row]:
+    """Every row of :func:`plan` measured by :func:`measure_row` on
+    ``mx.default_device()``: the default shapes (``model=None``) or
+    ``model``'s own, at ``dtypes`` (None: all three, or the model's own),
+    every M of ``widths``. ``measures``: the rows per op (default
+    :data:`MEASURES`; treespec.backend.census_position's). Where a kernel may
+    crash the process: treespec.backend.census_child."""
+    ws = _checked_widths(widths)
+    return [measure_row(p, ws, seed) for p in plan(model, dtypes, measures)]
 
 # ---------------------------------------------------------------------------
 # Reading a census (no device code).

@@ -1,0 +1,50 @@
+"""The census in child processes (treespec.backend.census_child): the rows
+the in-process census measures, and a row whose kernel crashes the process
+reported as a row that could not run, the rows after it still measured.
+
+Checked against the census measured in this process (its own rows, its own
+seeded inputs), not against the child's output. Tried: with the crashed
+row recorded as an identical row (its error left out), the crash test fails;
+with the crashed row measured again in the calling process, the test's own
+process dies of the planted SIGSEGV (what a verdict table did on the H200)."""
+
+import pytest
+
+from suites.census.helpers import claims
+from suites.census.crashing import ROWS
+from treespec.backend import census as c
+from treespec.backend.census_child import isolated
+
+pytestmark = pytest.mark.exactness
+
+WIDTHS = (1, 2, 3)
+
+
+def test_the_child_measures_what_the_census_measures_here():
+    here = c.census(dtypes=("float32", "bfloat16"), widths=WIDTHS)
+    there = isolated(dtypes=("float32", "bfloat16"), widths=WIDTHS)
+    assert [(r.op, r.how, r.dtype, r.shape) for r in there] == \
+        [(r.op, r.how, r.dtype, r.shape) for r in here]
+    assert claims(there) == claims(here)
+
+
+def test_a_row_that_crashes_its_process_is_a_row_that_could_not_run():
+    here = c.census(dtypes=("float32", "bfloat16", "float16"), widths=WIDTHS,
+                    measures={"rms_norm": c.MEASURES["rms_norm"]})
+    there = isolated(dtypes=("float32", "bfloat16", "float16"), widths=WIDTHS,
+                     measures=ROWS, child="suites.census.crashing")
+    assert len(there) == len(here)
+    planted = [(r.op, r.how, r.dtype, r.shape) for r in here
+               if (r.how, r.dtype) == ("tokens", "float16")]
+    crashed = [r for r in there if r.error]
+    assert planted and [(r.op, r.how, r.dtype, r.shape) for r in crashed] == planted
+    assert {(r.error, r.verdict) for r in crashed} == {
+        ("crashed the process: SIGSEGV", "could not run")}
+    # every other row, before the crash and after it, as measured here
+    assert claims([r for r in there if not r.error]) == \
+        claims([r for r in here if (r.how, r.dtype) != ("tokens", "float16")])
+
+
+def test_unknown_dtypes_are_refused_before_any_child_runs():
+    with pytest.raises(ValueError, match="dtypes must be among"):
+        isolated(dtypes=("float64",))
