@@ -2,7 +2,7 @@
 flight? A variant of treespec.backend.row_kernels' kernel, measured beside
 it on a CUDA backend. One JSON line per measurement on stdout.
 
-    PYTHONPATH=. python3 results/exact-at-speed/pipe_probe.py [--unroll 2,4] [--rows 1,2,5,8] [--cols 1,2]
+    PYTHONPATH=. python3 results/exact-at-speed/pipe_probe.py [--bits 4,8] [--unroll 2,4] [--rows 1,2,5,8] [--cols 1,2]
 
 Why: MLX's one-row ``qmv`` (4-bit, 4096 -> 11008) took 41 us on the H100 for
 22 MB of weights, about 550 GB/s of 3.35 TB/s; the row kernels, which repeat
@@ -87,6 +87,7 @@ def main():
     ap.add_argument("--unroll", default="2,4")
     ap.add_argument("--rows", default="1,2,5,8")
     ap.add_argument("--cols", default="1,2")
+    ap.add_argument("--bits", default="4,8", help="weight widths to measure")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     if not rk.available():
@@ -95,7 +96,9 @@ def main():
     rows_list = [int(r) for r in args.rows.split(",")]
     cols_list = [int(c) for c in args.cols.split(",")]
     calls = {u: variant(u) for u in unrolls}
-    for bits, (k, n) in [(4, (4096, 4096)), (4, (4096, 11008)), (4, (11008, 4096)), (8, (4096, 11008))]:
+    widths = {int(b) for b in args.bits.split(",")}
+    shapes = [(4096, 4096), (4096, 11008), (11008, 4096)]
+    for bits, (k, n) in [(b, kn) for b in (4, 8) if b in widths for kn in shapes]:
         wq, s, b = quantized(k, n, mx.bfloat16, bits, 64)
         for rows in rows_list:
             x = mx.random.normal((rows, k)).astype(mx.bfloat16)

@@ -8,22 +8,30 @@ row recorded as an identical row (its error left out), the crash test fails;
 with the crashed row measured again in the calling process, the test's own
 process dies of the planted SIGSEGV (what a verdict table did on the H200)."""
 
+import mlx_lm
 import pytest
 
 from suites.census.helpers import claims
-from suites.census.crashing import ROWS
+from treespec import zoo
 from treespec.backend import census as c
 from treespec.backend.census_child import isolated
+from treespec.backend.census_position import position_census
 
 pytestmark = pytest.mark.exactness
 
 WIDTHS = (1, 2, 3)
 
 
-def test_the_child_measures_what_the_census_measures_here():
-    here = c.census(dtypes=("float32", "bfloat16"), widths=WIDTHS)
-    there = isolated(dtypes=("float32", "bfloat16"), widths=WIDTHS)
-    assert [(r.op, r.how, r.dtype, r.shape) for r in there] == \
+@pytest.mark.parametrize("family", [None, "qwen3_next", "gemma4_text"])
+@pytest.mark.parametrize("position", [False, True], ids=["ops", "position"])
+def test_the_child_measures_what_the_census_measures_here(family, position):
+    # default shapes, or a checkpoint's own: the child loads it from its path
+    path = None if family is None else zoo.checkpoint(family)
+    model = None if path is None else mlx_lm.load(str(path))[0]
+    dtypes = ("float32", "bfloat16") if path is None else None  # None: the model's own
+    here = (position_census if position else c.census)(model, dtypes=dtypes, widths=WIDTHS)
+    there = isolated(path, dtypes=dtypes, widths=WIDTHS, position=position)
+    assert here and [(r.op, r.how, r.dtype, r.shape) for r in there] == \
         [(r.op, r.how, r.dtype, r.shape) for r in here]
     assert claims(there) == claims(here)
 
@@ -32,7 +40,7 @@ def test_a_row_that_crashes_its_process_is_a_row_that_could_not_run():
     here = c.census(dtypes=("float32", "bfloat16", "float16"), widths=WIDTHS,
                     measures={"rms_norm": c.MEASURES["rms_norm"]})
     there = isolated(dtypes=("float32", "bfloat16", "float16"), widths=WIDTHS,
-                     measures=ROWS, child="suites.census.crashing")
+                     child="suites.census.crashing")
     assert len(there) == len(here)
     planted = [(r.op, r.how, r.dtype, r.shape) for r in here
                if (r.how, r.dtype) == ("tokens", "float16")]

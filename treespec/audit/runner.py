@@ -11,6 +11,7 @@ import mlx_lm
 
 from ..backend import blas
 from ..backend.census import WIDTHS, Row, census, format_table, summary, to_json
+from ..backend.census_child import isolated
 from ..errors import TreeRefused
 from ..evidence.gate import configuration
 from .attribution import attributed, mlx_lm_failure
@@ -147,10 +148,13 @@ def header(s: Subject) -> dict:
 def backend_census(s: Subject) -> dict:
     """The census of the model's own shapes on this backend
     (treespec.backend.census) at 1..16 rows and the long-context trees' sizes:
-    which of its ops a wider verify computes with other bits."""
+    which of its ops a wider verify computes with other bits. In child
+    processes where the model can be loaded again from its checkpoint (a
+    kernel that crashes one costs its row, not the audit)."""
     widths = sorted(set(WIDTHS) | set(s.options.tree_nodes))
     try:
-        rows = census(s.model, widths=widths, seed=s.options.seed)
+        rows = (census(s.model, widths=widths, seed=s.options.seed) if s.checkpoint is None
+                else isolated(s.checkpoint, widths=widths, seed=s.options.seed))
     except Exception as e:  # the audit's other rows still stand
         return {"error": f"{type(e).__name__}: {e}", "rows": [], "summary": ""}
     return {"rows": to_json(rows), "summary": summary(rows)}

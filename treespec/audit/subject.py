@@ -32,6 +32,9 @@ class Subject:
     factory: Callable = adapter_for  # model -> adapter
     adapter_source: str = "treespec.verify.adapter_for"
     options: Options = field(default_factory=Options)
+    # where mlx_lm.load gives this very model (its census runs in child
+    # processes that load it there); None: loaded otherwise (sharded, in memory)
+    checkpoint: Optional[str] = None
     _memo: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -88,7 +91,8 @@ def subject(model_path, draft_path=None, adapter: Optional[str] = None,
             raise UsageError(str(e))
     return Subject(model, tokenizer, str(model_path), draft,
                    head if head is not None else draft_path and str(draft_path),
-                   found, factory, source, options or Options())
+                   found, factory, source, options or Options(),
+                   str(model_path) if load is load_checkpoint else None)
 
 
 def the_adapter(s: Subject):

@@ -11,8 +11,9 @@ import mlx.core as mx
 from ..checkpoints import load_checkpoint
 from ..cli.process import prepare
 from . import blas
-from .census import census, format_table, row_width, summary, to_json, widths_text
-from .census_position import position_census, position_width
+from .census import format_table, row_width, summary, to_json, widths_text
+from .census_child import isolated
+from .census_position import position_width
 from .census_shapes import model_dtype
 
 TF32 = "MLX_ENABLE_TF32"
@@ -49,8 +50,9 @@ def cmd_census(args) -> int:
         model, _ = load_checkpoint(args.model, "model")
         shapes = f"{args.model} ({getattr(model, 'model_type', '?')}, {model_dtype(model)})"
     t0 = time.perf_counter()
-    rows = census(model, dtypes=args.dtypes, widths=args.widths)
-    rows += position_census(model, dtypes=args.dtypes, widths=args.widths)
+    # in child processes: a kernel that crashes one costs its row, not the table
+    rows = isolated(args.model, dtypes=args.dtypes, widths=args.widths)
+    rows += isolated(args.model, dtypes=args.dtypes, widths=args.widths, position=True)
     seconds = time.perf_counter() - t0
     b = backend()
     if args.json:
