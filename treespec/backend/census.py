@@ -363,7 +363,7 @@ MEASURES = {
 }
 
 
-def _checked_widths(widths) -> tuple:
+def checked_widths(widths) -> tuple:
     try:
         ws = tuple(sorted({int(w) for w in widths}))
         whole = all(w == int(w) and not isinstance(w, bool) for w in widths)
@@ -374,7 +374,7 @@ def _checked_widths(widths) -> tuple:
     return ws
 
 
-def _checked_dtypes(dtypes) -> tuple:
+def checked_dtypes(dtypes) -> tuple:
     bad = [d for d in dtypes if d not in DTYPES]
     if bad or not dtypes:
         raise ValueError(f"dtypes must be among {DTYPES}, got {tuple(dtypes)!r}")
@@ -389,7 +389,7 @@ def plan(model=None, dtypes: Optional[Sequence[str]] = None,
     """The rows :func:`census` measures, in its order (its arguments)."""
     if dtypes is None:
         dtypes = DTYPES if model is None else (model_dtype(model),)
-    dtypes = _checked_dtypes(dtypes)
+    dtypes = checked_dtypes(dtypes)
     specs = DEFAULT_SPECS if model is None else model_specs(model)
     return [(spec, op, how, name, build) for spec in specs
             for op, how, build in (MEASURES if measures is None else measures).get(spec.op, ())
@@ -418,7 +418,7 @@ def census(model=None, dtypes: Optional[Sequence[str]] = None, widths: Sequence[
     every M of ``widths``. ``measures``: the rows per op (default
     :data:`MEASURES`; treespec.backend.census_position's). Where a kernel may
     crash the process: treespec.backend.census_child."""
-    ws = _checked_widths(widths)
+    ws = checked_widths(widths)
     return [measure_row(p, ws, seed) for p in plan(model, dtypes, measures)]
 
 # ---------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import mlx.core as mx
 import mlx_lm
 
 from . import census_position
-from .census import MEASURES, WIDTHS, Row, _checked_dtypes, _checked_widths, measure_row, plan, to_json
+from .census import MEASURES, WIDTHS, Row, checked_dtypes, checked_widths, measure_row, plan, to_json
 
 __all__ = ["isolated"]
 
@@ -58,9 +58,9 @@ def isolated(model: Optional[str] = None, dtypes: Optional[Sequence[str]] = None
     process; a row whose child died is a row that could not run, naming the
     signal. ``child``: the module run as ``python -m child SPEC``, whose main
     is :func:`main` (the suite's installs its plant first)."""
-    ws = _checked_widths(widths)
+    ws = checked_widths(widths)
     if dtypes is not None:
-        _checked_dtypes(dtypes)  # before any child
+        checked_dtypes(dtypes)  # before any child
     spec = {"model": None if model is None else str(model), "position": position,
             "dtypes": None if dtypes is None else list(dtypes), "widths": list(ws), "seed": seed,
             "device": "gpu" if mx.default_device() == mx.gpu else "cpu"}
@@ -102,7 +102,7 @@ def main(argv: Sequence[str], measures: Optional[dict] = None) -> None:
     model = None if spec["model"] is None else mlx_lm.load(spec["model"], lazy=True)[0]
     if measures is None:
         measures = census_position.MEASURES if spec["position"] else MEASURES
-    ws = _checked_widths(spec["widths"])
+    ws = checked_widths(spec["widths"])
     planned = plan(model, spec["dtypes"], measures)
     print(json.dumps({"planned": len(planned)}), flush=True)
     for i in range(spec["skip"], len(planned)):
