@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import mlx_lm
 import pytest
 
 from suites.census.helpers import claims
@@ -183,6 +184,9 @@ def test_the_audit_reports_the_census_of_the_models_shapes():
     census = report.to_json()["header"]["census"]
     assert {r["op"] for r in census["rows"]} >= {"matmul", "sdpa+mask", "gated_delta", "conv1d"}
     assert all(r["widths"][-1] == 64 for r in census["rows"])  # the long-context trees' sizes
+    # measured in child processes that load the checkpoint again: what this process measures
+    model = mlx_lm.load(str(zoo.checkpoint("qwen3_next")))[0]
+    assert claims(census["rows"]) == claims(c.census(model, widths=census["rows"][0]["widths"]))
     text = format_report(report)
     assert "census: a row of an M-row call against that row alone" in text
     assert census["summary"] in text
