@@ -57,9 +57,10 @@ def checkpoint_problem(p: Path) -> Optional[str]:
     return None
 
 
-def load_checkpoint(path, role: str):
+def load_checkpoint(path, role: str, lazy: bool = False):
     """``mlx_lm.load(path)`` -> (model, tokenizer); ``role`` is the flag that
-    named the path (``model``, ``draft-model``), for the error message."""
+    named the path (``model``, ``draft-model``), for the error message.
+    ``lazy``: weights read from disk only where something evaluates them."""
     p = Path(path)
     if not p.is_dir() or not (p / "config.json").exists():
         raise UsageError(f"--{role} {path}: not an mlx-lm checkpoint directory "
@@ -68,7 +69,7 @@ def load_checkpoint(path, role: str):
     if why:
         raise UsageError(f"--{role} {path}: {why}")
     try:
-        return mlx_lm.load(str(p))
+        return mlx_lm.load(str(p), lazy=lazy)
     except Exception as e:  # mlx-lm raises many kinds; name the path and role
         raise UsageError(f"--{role} {path}: mlx_lm.load failed: {type(e).__name__}: {e}")
 

@@ -47,7 +47,9 @@ def cmd_census(args) -> int:
     prepare()  # the attention kernels the other commands run with
     model, shapes = None, "the default set (treespec/backend/census_shapes.py)"
     if args.model:
-        model, _ = load_checkpoint(args.model, "model")
+        # lazy: the rows are measured in children that load it again; here only
+        # its type and dtype are read, no weights
+        model, _ = load_checkpoint(args.model, "model", lazy=True)
         shapes = f"{args.model} ({getattr(model, 'model_type', '?')}, {model_dtype(model)})"
     t0 = time.perf_counter()
     # in child processes: a kernel that crashes one costs its row, not the table
