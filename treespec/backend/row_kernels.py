@@ -62,7 +62,10 @@ COLS_CHOICES = (1, 2, 4, 8)
 # 1 stays; other widths unmeasured, 1.
 COLS = {4: 2}
 # Tiles a full chunk's loop issues together (1: one at a time), per weight
-# width: 4 is what pipe_probe.py measured (4-bit on an H200, 8-bit on an H100).
+# width: 4 is what pipe_probe.py measured (4-bit on an H200, 8-bit on an H100)
+# and what test_row_kernels ran on CUDA (4 and 8 bits). 2 bits takes it too, not
+# measured nor run there (the order per accumulator is U's to keep, whatever U);
+# 3, 5 and 6 bits keep the one-tile loop.
 UNROLL = {4: 4, 8: 4, 2: 4}
 
 _HEADER = r"""
