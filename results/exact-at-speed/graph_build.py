@@ -8,7 +8,12 @@ was 10-15 ms longer per round than the flat verify's with the same drafter
 running device, medians of interleaved repeats: host time to build the
 graph (no evaluation), then time to evaluate it.
 
-    python results/exact-at-speed/graph_build.py --dims 1024x32 --bits 4 --context 128
+    python results/exact-at-speed/graph_build.py --dims 1024x32 --bits 4 --context 128 [--modes flat,rows,kernels]
+
+Beside the verifies: one classic decoding step (the model called on one
+token) split the same way, and the host cost of building one call of a
+target's first q_proj through MLX's own layer and through the row kernels
+(``--modes`` with ``kernels``: CUDA only). ``--bits 0``: a dense target.
 """
 
 import argparse
@@ -22,6 +27,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
 from treespec.auto.costcurve import parse_dims
+from treespec.backend import row_kernels
 from treespec.bench.scaled import build_pair, filled_cache
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
@@ -41,18 +47,51 @@ def one(adapter, cache, parents):
     return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
 
+def step(model, cache):
+    """One classic decoding step: the model on one token, built then evaluated."""
+    t0 = time.perf_counter()
+    logits = model(mx.array([[1]]), cache=cache)
+    t1 = time.perf_counter()
+    mx.eval(logits)
+    t2 = time.perf_counter()
+    trim_prompt_cache(cache, 1)
+    return (t1 - t0) * 1e3, (t2 - t1) * 1e3
+
+
+CALLS = 64
+
+
+def per_call(f, x):
+    """Host time to build one call of ``f`` (over CALLS calls), then the time to evaluate them, us."""
+    t0 = time.perf_counter()
+    ys = [f(x) for _ in range(CALLS)]
+    t1 = time.perf_counter()
+    mx.eval(ys)
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e6 / CALLS, (t2 - t1) * 1e6 / CALLS
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dims", default="1024x32")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--modes", default="flat,rows", help="of flat, rows, kernels (CUDA)")
     args = ap.parse_args()
     hidden, layers = parse_dims(args.dims)
-    target, _ = build_pair(hidden, layers, draft_layers=2, alpha=0.02, bits=args.bits)
-    modes = {"flat": adapter_for(target), "rows": adapter_for(target, rows=True)}
+    target, _ = build_pair(hidden, layers, draft_layers=2, alpha=0.02, bits=args.bits or None)
+    make = {"flat": lambda: adapter_for(target),
+            "rows": lambda: adapter_for(target, rows=True),
+            "kernels": lambda: adapter_for(target, rows=True, kernels=True)}
+    modes = {m: make[m]() for m in args.modes.split(",")}
     cache = filled_cache(target, args.context)
     times = {(m, t): ([], []) for m in modes for t in TREES}
+    times["step", "one token"] = ([], [])
+    calls = {"MLX layer": ([], [])} | ({"row kernel": ([], [])} if "kernels" in modes else {})
+    layer = target.model.layers[0].self_attn.q_proj
+    x = mx.random.normal((5, 1, hidden)).astype(mx.bfloat16)
+    mx.eval(x)
     for r in range(args.repeats + 1):  # the first pass warms up, uncounted
         for t, parents in TREES.items():
             for m, adapter in modes.items():
@@ -60,15 +99,27 @@ def main():
                 if r:
                     times[m, t][0].append(build)
                     times[m, t][1].append(run)
+        build, run = step(target, cache)
+        if r:
+            times["step", "one token"][0].append(build)
+            times["step", "one token"][1].append(run)
+        for name, f in (("MLX layer", layer), ("row kernel", lambda v: row_kernels.linear_rows(layer, v))):
+            if name in calls:
+                build, run = per_call(f, x)
+                if r:
+                    calls[name][0].append(build)
+                    calls[name][1].append(run)
     git = subprocess.run(["git", "log", "-1", "--format=%h"], capture_output=True, text=True).stdout.strip()
     print(json.dumps({"device": str(mx.default_device()), "machine": platform.machine(),
                       "mlx": mx.__version__, "git": git, "dims": args.dims, "bits": args.bits,
                       "context": args.context, "repeats": args.repeats}))
-    print(f"{'tree':<18} {'mode':<5} {'build ms':>9} {'eval ms':>9}")
-    for t in TREES:
-        for m in modes:
-            b, e = times[m, t]
-            print(f"{t:<18} {m:<5} {statistics.median(b):9.2f} {statistics.median(e):9.2f}")
+    print(f"{'tree':<18} {'mode':<7} {'build ms':>9} {'eval ms':>9}")
+    for (m, t), (b, e) in times.items():
+        print(f"{t:<18} {m:<7} {statistics.median(b):9.2f} {statistics.median(e):9.2f}")
+    print(f"one call of the first q_proj ({hidden} -> {hidden}) on {x.shape[0]} rows, us: build / evaluate, "
+          f"the call built {CALLS} times")
+    for name, (b, e) in calls.items():
+        print(f"{name:<12} {statistics.median(b):9.1f} {statistics.median(e):9.1f}")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ fingerprints, plain forwards and the rotated-keys test are the audit's own
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from types import SimpleNamespace
 from typing import Optional
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from suites.helpers_numerics import model_label, require_sound
 from suites.verdict import VERIFY, expect
 from treespec import caches, zoo
 from treespec.evidence import numerics
+from treespec.backend import row_kernels
 from treespec.backend.census import Row, census
 from treespec.backend.census_position import position_census
 from treespec.evidence.isolation import isolation, leak
@@ -229,3 +232,28 @@ def assert_refused_untouched(adapter, tree, cache, *words, start=0):
     for w in (adapter.model_type, *words):
         assert w in str(err.value), (w, str(err.value))
     return err.value
+
+
+def _alone(layer, rows: mx.array) -> mx.array:
+    call = layer.as_linear if isinstance(layer, (nn.Embedding, nn.QuantizedEmbedding)) else layer
+    return mx.concatenate([call(rows[i:i + 1]) for i in range(rows.shape[0])])
+
+
+def kernel_seam(moved_row=None):
+    """A stand-in for treespec.backend.row_kernels (``adapter_for(model,
+    kernels=...)``) off CUDA, and the linears it was called with: kernels
+    that compute every row alone through the layer itself; with
+    ``moved_row``, that row of every product is scaled by 1 + 2**-7 (a
+    factor every float dtype holds exactly, so the change is never rounded away)."""
+    called = set()
+
+    def linear_rows(layer, x):
+        called.add(id(layer))
+        flat = x.reshape(-1, x.shape[-1])
+        y = _alone(layer, flat)
+        if moved_row is not None and moved_row < y.shape[0]:
+            y[moved_row] = y[moved_row] * mx.array(1 + 2 ** -7, dtype=y.dtype)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    return SimpleNamespace(available=lambda: True, coverage=row_kernels.coverage,
+                           linear_rows=linear_rows), called

@@ -99,23 +99,34 @@ def test_a_chain_on_a_hybrid_takes_one_token_recurrence_steps(plant):
     assert not _bits_equal(planted[1], clean[1])
 
 
-def test_one_adapter_reuses_its_stand_ins_only_while_the_model_holds_what_they_wrap():
+def _reused(adapter) -> list:
+    """The stand-ins an adapter keeps between verifies: the attentions' and,
+    with the row kernels, the linears' (treespec.verify.row_invariant)."""
+    kept = [adapter._stand_ins.sites[0][3]]
+    return kept + [adapter._linears.sites[0][3]] if hasattr(adapter, "_linears") else kept
+
+
+@pytest.mark.parametrize("mode", ["rows", "kernels"])
+def test_one_adapter_reuses_its_stand_ins_only_while_the_model_holds_what_they_wrap(mode):
     # Its stand-ins are made on the first verify and reused by the next
-    # (treespec.verify.row_invariant.StandIns): each tree through one adapter
-    # gets the rows a fresh adapter gives it, and a projection swapped into the
-    # model between two verifies is the one the next verify computes with.
-    # Tried: reusing them without checking the slots, the swapped case fails.
+    # (treespec.verify.row_invariant.StandIns, KernelLinears): each tree
+    # through one adapter gets the rows a fresh adapter gives it, and a
+    # projection swapped into the model between two verifies is the one the
+    # next verify computes with. "kernels" off CUDA: the kernels' seam
+    # (helpers.kernel_seam). Tried: reusing them without checking the slots,
+    # the swapped case fails (either kind of stand-in).
     model = helpers.model("llama", "float32")
     before = helpers.history(9).replay(model)
-    adapter = adapter_for(model, rows=True)
+    options = {"rows": True} if mode == "rows" else {"kernels": helpers.kernel_seam()[0]}
+    adapter = adapter_for(model, **options)
     trees = [DraftTree(helpers.tokens(len(p), 3), p)
              for p in (TREES["branching 7"], TREES["chain of 5"], TREES["branching 7"])]
-    fresh = lambda tree: adapter_for(model, rows=True).verify(tree, clone(before))  # noqa: E731
+    fresh = lambda tree: adapter_for(model, **options).verify(tree, clone(before))  # noqa: E731
     first = None
     for tree in trees:
         assert _bits_equal(adapter.verify(tree, clone(before)), fresh(tree))
-        first = first or adapter._stand_ins.sites[0][3]
-        assert adapter._stand_ins.sites[0][3] is first  # reused, not remade
+        first = first or _reused(adapter)
+        assert all(a is b for a, b in zip(_reused(adapter), first))  # reused, not remade
     attention = model.model.layers[0].self_attn
     original = attention.q_proj
     swapped = nn.Linear(original.weight.shape[1], original.weight.shape[0], bias="bias" in original)

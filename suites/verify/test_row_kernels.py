@@ -7,8 +7,6 @@ covered linear computed by the kernels' ``linear_rows``) is pinned with a
 stand-in that computes each row alone, and a stand-in that moves one row,
 which must break the identity."""
 
-from types import SimpleNamespace
-
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -28,29 +26,6 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="the row kernels are CUDA kerne
                                 "backend refuses --verify kernels (test_refused_off_cuda)")
 
 
-def _alone(layer, rows: mx.array) -> mx.array:
-    call = layer.as_linear if isinstance(layer, (nn.Embedding, nn.QuantizedEmbedding)) else layer
-    return mx.concatenate([call(rows[i:i + 1]) for i in range(rows.shape[0])])
-
-
-def _seam(moved_row=None):
-    """Kernels that compute every row alone through the layer itself; with
-    ``moved_row``, that row of every product is scaled by 1 + 2**-7 (a
-    factor every float dtype holds exactly, so the change is never rounded away)."""
-    called = set()
-
-    def linear_rows(layer, x):
-        called.add(id(layer))
-        flat = x.reshape(-1, x.shape[-1])
-        y = _alone(layer, flat)
-        if moved_row is not None and moved_row < y.shape[0]:
-            y[moved_row] = y[moved_row] * mx.array(1 + 2 ** -7, dtype=y.dtype)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
-
-    return SimpleNamespace(available=lambda: True, coverage=row_kernels.coverage,
-                           linear_rows=linear_rows), called
-
-
 @pytest.mark.skipif(CUDA, reason="on CUDA the kernels run (the tests below)")
 def test_refused_off_cuda():
     with pytest.raises(TreeRefused, match="the row kernels are CUDA kernels"):
@@ -63,7 +38,7 @@ def test_every_covered_linear_goes_through_the_kernels_and_a_moved_row_shows(mov
     tree = DraftTree(helpers.tokens(7, 3), TREES["branching 7"])
     if len(tree) > _width(model):
         pytest.skip(f"the census keeps this backend's attention rows for fewer than {len(tree)} nodes")
-    kernels, called = _seam(moved)
+    kernels, called = helpers.kernel_seam(moved)
     adapter = adapter_for(model, kernels=kernels)
     before = helpers.history(9).replay(model)
     got = adapter.verify(tree, clone(before))
@@ -75,7 +50,7 @@ def test_every_covered_linear_goes_through_the_kernels_and_a_moved_row_shows(mov
 
 
 @needs_cuda
-@pytest.mark.parametrize("bits,group", [(4, 64), (8, 64), (4, 32), (4, 128)])
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 64), (4, 32), (4, 128), (2, 64)])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
 @pytest.mark.parametrize("rows", [2, 5, 8, 13])
 def test_quantized_rows_equal_the_one_row_call(rows, dtype, bits, group):

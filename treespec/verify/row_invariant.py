@@ -40,8 +40,8 @@ from .tree_recurrence import TreeRecurrence
 # what the row kernels may stand in for (an embedding: its as_linear, a tied head)
 _LINEARS = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
 
-__all__ = ["KERNEL_ROW_ADAPTER", "KernelRowAdapter", "MEMO_NAMES", "ROW_ADAPTER", "RowAdapter",
-           "StandIns"]
+__all__ = ["KERNEL_ROW_ADAPTER", "KernelLinears", "KernelRowAdapter", "MEMO_NAMES", "ROW_ADAPTER",
+           "RowAdapter", "StandIns"]
 
 # The gate's memo names an adapter; these two's verdicts are their own.
 ROW_ADAPTER = "treespec.verify.row_invariant"
@@ -111,6 +111,10 @@ class KernelRowAdapter(RowAdapter):
     # stand-in exercises this seam on a backend without CUDA.
     kernels = row_kernels
 
+    def __init__(self, model, family, recurrent=None, found=None, walks=None):
+        super().__init__(model, family, recurrent, found, walks)
+        self._linears = KernelLinears()
+
     def check_model(self):
         if not self.kernels.available():
             self._refuse(f"the row kernels are CUDA kernels and this process computes on "
@@ -127,15 +131,43 @@ class KernelRowAdapter(RowAdapter):
                   plans: Optional[dict] = None, ropes: bool = True):
         put = []
         try:
-            for _, container, key, module in slots(self.model):
-                if isinstance(module, _LINEARS) and self.kernels.coverage(module) is None:
-                    set_slot(container, key, KernelLinear(module, self.kernels.linear_rows))
-                    put.append((container, key, module))
+            for container, key, module, stand_in in self._linears.current(self.model, self.kernels):
+                set_slot(container, key, stand_in)
+                put.append((container, key, module))
             with super().injection(cache, tree, owners, start, plans, ropes) as probe:
                 yield probe
         finally:
             for container, key, module in reversed(put):
                 set_slot(container, key, module)
+
+
+def _held(container, key, module) -> bool:
+    """Whether a slot (treespec.mixers.slots) still holds ``module``."""
+    return container is not None and container[key] is module
+
+
+class KernelLinears:
+    """One model's :class:`KernelLinear` stand-ins, one per linear the
+    kernels cover, made on its first verify and reused by the next while
+    every slot still holds the linear it was made for and the kernels are
+    the same (a model changed in between gets new ones). Reused, they also
+    keep :class:`StandIns` reusable (its projections are these). Made per
+    forward, walking the model's slots and making these (and so the
+    attentions' stand-ins) again cost an H100's host 5.5-9.4 ms of a
+    32-layer verify's graph (results/exact-at-speed/README.md#where-the-exact-modes-host-time-went-on-an-h100)."""
+
+    def __init__(self):
+        self.kernels = None
+        self.sites: Optional[list] = None  # (container, key, linear, its KernelLinear)
+
+    def current(self, model, kernels) -> list:
+        if (self.sites is None or kernels is not self.kernels
+                or not all(_held(c, k, m) for c, k, m, _ in self.sites)):
+            self.kernels = kernels
+            self.sites = [(c, k, m, KernelLinear(m, kernels.linear_rows))
+                          for _, c, k, m in slots(model)
+                          if isinstance(m, _LINEARS) and kernels.coverage(m) is None]
+        return self.sites
 
 
 class StandIns:
@@ -154,9 +186,8 @@ class StandIns:
 
     def current(self, model, wanted: frozenset, depths: mx.array, layout: Layout,
                 rope_attr: str) -> list:
-        held = lambda c, k, m: c is not None and c[k] is m  # noqa: E731
         if wanted != self.wanted or not all(
-                held(c, k, m) and all(held(pc, pk, child) for pc, pk, child, _ in ps)
+                _held(c, k, m) and all(_held(pc, pk, child) for pc, pk, child, _ in ps)
                 for c, k, m, _, ps in self.sites):
             self.wanted, self.sites = wanted, []
             for _, container, key, module in slots(model):
