@@ -17,7 +17,8 @@ import pytest
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from suites.helpers_numerics import check, exact
-from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS, VERIFY
+from suites.verdict import ROLLBACK_DECODE, ROLLBACK_ROWS
+from suites.verify.helpers import assert_rows_are_root_path_forwards
 from treespec import caches, zoo
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.evidence import numerics
@@ -79,11 +80,11 @@ def assert_verify_and_commit_are_classic(model, cache, rng, parents):
     with recorded(ours) as writes:  # the rows the verify writes, for the commit's check
         logits = adapter.verify(tree, ours)
     mx.eval(logits)
-    refs = mx.stack([one_token_steps(model, cache, [tree.tokens[j] for j in tree.path_to(i)])[0][-1]
-                     for i in range(len(tree))])
+    # The tree-node contract's one judgement (suites/verify/helpers): against
+    # the one-token steps over each root path (classic decoding, on a ring),
+    # with isolation and the leak proof where the envelope cannot decide.
+    assert_rows_are_root_path_forwards(model, cache, tree, logits, mode="ring")
     widths = numerics.widths_of(tree, 1)
-    check(logits, refs, model, context, widths, VERIFY, mode="ring",
-          what="node rows vs their root paths' one-token steps")
     path = tree.path_to(int(rng.randint(len(tree))))
     adapter.commit(ours, tree, path)
     # Data movement, bit for bit on every backend: the ring holds, slot by
