@@ -86,39 +86,36 @@ def main():
             "kernels": lambda: adapter_for(target, rows=True, kernels=True)}
     modes = {m: make[m]() for m in args.modes.split(",")}
     cache = filled_cache(target, args.context)
-    times = {(m, t): ([], []) for m in modes for t in TREES}
-    times["step", "one token"] = ([], [])
-    calls = {"MLX layer": ([], [])} | ({"row kernel": ([], [])} if "kernels" in modes else {})
     layer = target.model.layers[0].self_attn.q_proj
     x = mx.random.normal((5, 1, hidden)).astype(mx.bfloat16)
     mx.eval(x)
+    calls = {"MLX layer": layer}
+    if "kernels" in modes:
+        calls["row kernel"] = lambda v: row_kernels.linear_rows(layer, v)
+    # every measurement, a thunk giving (build, evaluate), run in this order each repeat
+    runs = {(m, t): (lambda a=adapter, p=parents: one(a, cache, p))
+            for t, parents in TREES.items() for m, adapter in modes.items()}
+    runs["step", "one token"] = lambda: step(target, cache)
+    runs.update({("call", name): (lambda f=f: per_call(f, x)) for name, f in calls.items()})
+    times = {k: ([], []) for k in runs}
     for r in range(args.repeats + 1):  # the first pass warms up, uncounted
-        for t, parents in TREES.items():
-            for m, adapter in modes.items():
-                build, run = one(adapter, cache, parents)
-                if r:
-                    times[m, t][0].append(build)
-                    times[m, t][1].append(run)
-        build, run = step(target, cache)
-        if r:
-            times["step", "one token"][0].append(build)
-            times["step", "one token"][1].append(run)
-        for name, f in (("MLX layer", layer), ("row kernel", lambda v: row_kernels.linear_rows(layer, v))):
-            if name in calls:
-                build, run = per_call(f, x)
-                if r:
-                    calls[name][0].append(build)
-                    calls[name][1].append(run)
+        for k, run in runs.items():
+            build, evaluate = run()
+            if r:
+                times[k][0].append(build)
+                times[k][1].append(evaluate)
     git = subprocess.run(["git", "log", "-1", "--format=%h"], capture_output=True, text=True).stdout.strip()
     print(json.dumps({"device": str(mx.default_device()), "machine": platform.machine(),
                       "mlx": mx.__version__, "git": git, "dims": args.dims, "bits": args.bits,
                       "context": args.context, "repeats": args.repeats}))
     print(f"{'tree':<18} {'mode':<7} {'build ms':>9} {'eval ms':>9}")
-    for (m, t), (b, e) in times.items():
+    for m, t in [(m, t) for m in modes for t in TREES] + [("step", "one token")]:
+        b, e = times[m, t]
         print(f"{t:<18} {m:<7} {statistics.median(b):9.2f} {statistics.median(e):9.2f}")
     print(f"one call of the first q_proj ({hidden} -> {hidden}) on {x.shape[0]} rows, us: build / evaluate, "
           f"the call built {CALLS} times")
-    for name, (b, e) in calls.items():
+    for name in calls:
+        b, e = times["call", name]
         print(f"{name:<12} {statistics.median(b):9.1f} {statistics.median(e):9.1f}")
 
 
