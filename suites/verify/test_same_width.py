@@ -179,3 +179,58 @@ def test_the_audit_proves_tree_rows_at_the_verify_width_and_says_so(planted):
     check = check_tree_verify(Subject(model))
     assert check.status == PASS, check.line()
     assert "bit-exact against mlx-lm's plain forward over each root path padded" in check.detail
+
+
+# A chain over gemma3_text's wrapped ring (window 8, after 11 tokens): classic
+# decoding attends over the ring in slot order, every multi-token forward in
+# time order, so there is no padded reference (test above).
+RING_HISTORY, CHAIN = 11, DraftTree.linear(helpers.tokens(5, 7))
+
+
+@pytest.fixture(scope="module")
+def width_dependent_ring():
+    # The planted width term is one bfloat16 step of logits below 16 (2**-4),
+    # so every multi-token forward differs from its one-token steps.
+    model = shape_dependent(helpers.model("gemma3_text", "bfloat16"), 2 ** -4, 1, "WidthDependent")
+    return model, helpers.history(RING_HISTORY).replay(model)
+
+
+def test_on_a_width_dependent_backend_a_wrapped_ring_is_proven_against_its_time_ordered_forwards(
+        width_dependent_ring):
+    # No forward of the verify's width has classic decoding's bits there: rows
+    # equal to mlx-lm's own padded forwards with the ring in time order (the same
+    # keys, a correct computation) are proven, and the verdict says which order.
+    # Tried: without the time-ordered reference the verdict is inconclusive (the
+    # planted term's envelope leaves the controls under 10x its bound).
+    model, before = width_dependent_ring
+    assert same_width_rows(model, before, CHAIN)[0] is None
+    logits = adapter_for(model).verify(CHAIN, clone(before))
+    ordered = padded_rows(model, before, CHAIN, wrapped=True)
+    if not mx.array_equal(logits, ordered).item():
+        pytest.skip(f"this backend rounds the ring's two key orders apart here "
+                    f"({helpers.max_abs_diff(logits, ordered):.3g}): judged against the envelope")
+    verdict = helpers.root_path_verdict(model, before, CHAIN, logits)
+    assert verdict.word == numerics.BIT_EXACT, verdict.line()
+    assert "the wrapped ring's keys in time order" in verdict.detail, verdict.detail
+    # ... and a defect is no more equal to them than to classic decoding
+    widened = logits + mx.eye(len(CHAIN), logits.shape[-1], dtype=logits.dtype) * 0.5
+    assert helpers.root_path_verdict(model, before, CHAIN, widened).word != numerics.BIT_EXACT
+
+
+def test_where_the_backend_is_exact_time_order_over_a_wrapped_ring_is_a_defect():
+    # mlx-lm's own chain forward hands the wrapped ring to every row in time
+    # order: a verify that did so (the ring layout dropped) is not classic
+    # decoding's rows where the backend is exact, and FAILs; the time-ordered
+    # reference proves rows only where the envelope is not 0 (there it is this
+    # very forward). Tried: with time_ordered_rows ignoring the envelope, the
+    # exact backend's case is proven bit-exact.
+    model = helpers.model("gemma3_text", "float32")
+    before = helpers.history(RING_HISTORY).replay(model)
+    time_ordered = helpers.plain_rows(model, clone(before), CHAIN.tokens)
+    verdict = helpers.root_path_verdict(model, before, CHAIN, time_ordered)
+    env = numerics.envelope(model, RING_HISTORY, numerics.widths_of(CHAIN, 2))
+    if env.exact:
+        assert verdict.word == numerics.FAIL, verdict.line()
+    else:
+        assert verdict.word == numerics.BIT_EXACT, verdict.line()
+        assert "the wrapped ring's keys in time order" in verdict.detail, verdict.detail

@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from ..evidence import numerics
 from ..evidence.isolation import isolation, leak
-from ..evidence.same_width import position_reason, same_width_rows, width_reason
+from ..evidence.same_width import position_reason, same_width_rows, time_ordered_rows, width_reason
 from ..errors import TreeRefused
 from ..tree import DraftTree
 from .records import FAIL, PASS, Check, Tally
@@ -157,19 +157,23 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
                             f"for {len(tree)} nodes"})
                 continue
             refs, placement = root_path_forwards(model, base, tree), None
+            env = envelope(s, hist.offset, numerics.widths_of(tree, 2), mode)
             if not mx.array_equal(logits, refs).item():
                 # Proven where the rows equal the same root-path forwards at the
                 # verify's width (treespec.evidence.same_width), else judged.
                 same, why = same_width_rows(model, base, tree)
                 if same is None:  # a ring's layout: keys placed as the envelope never saw
                     placement = functools.partial(position_reason, model, len(tree))
+                    same, _ = time_ordered_rows(model, base, tree, env)  # width-dependent only
+                    why = why if same is None else (
+                        "a root path reaches past the sliding-window ring, and the rows differ "
+                        "from the same-width forwards with the ring in time order")
                 if same is not None and mx.array_equal(logits, same).item():
                     refs, proven = same, proven + 1
                 else:
                     why = why or position_reason(model, len(tree))
                     if why:
                         unproven.add(why)
-            env = envelope(s, hist.offset, numerics.widths_of(tree, 2), mode)
             controls = _once(functools.partial(numerics.controls, model, base, tree, refs))
             proof = _once(functools.partial(isolation, model, base, tree))
             zero = functools.partial(width_reason, model, len(tree))
@@ -184,5 +188,6 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
         tally.note(f"judged against the envelope: {why}")
     if proven:
         tally.note(f"{proven} trees bit-exact against mlx-lm's plain forward over each root path "
-                   "padded to the verify's width (their own widths differ on this backend)")
+                   "padded to the verify's width (their own widths differ on this backend; past a "
+                   "sliding-window ring, the ring in time order)")
     return tally, count
