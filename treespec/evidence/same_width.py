@@ -56,11 +56,11 @@ wrapped ring in (treespec.ring) only decides which rounding its rows carry.
 There the same padded forwards with the ring in time order (mlx-lm's
 multi-token update: its last ``max_size - 1`` keys, the window in the mask)
 are a correct n-wide computation of every node's row over the same keys, so
-node rows equal to them bit for bit are proven, as above. Measured on this
-CPU in bfloat16 and float16, 29 of the 30 wrapped-ring trees of
-suites/verify verify to them bit for bit (one float16 chain differs by one
-rounding, 0.0156, and is judged as before); in float32 none (the key
-order's rounding shows). Never where the envelope
+node rows equal to them bit for bit are proven, as above. Of the 30
+wrapped-ring trees of suites/verify in bfloat16 and float16, 29 verify to
+them bit for bit on this CPU and 26 on an H100 (the others differ by one
+rounding of the attention and are judged as before); in float32 none (the
+key order's rounding shows). Never where the envelope
 is 0: there a verify that dropped the ring layout for time order would equal
 them and must FAIL against classic decoding instead (suites/ring pins the
 slot order bit for bit on exact backends).
