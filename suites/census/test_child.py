@@ -23,14 +23,17 @@ WIDTHS = (1, 2, 3)
 
 
 @pytest.mark.parametrize("family", [None, "qwen3_next", "gemma4_text"])
-@pytest.mark.parametrize("position", [False, True], ids=["ops", "position"])
-def test_the_child_measures_what_the_census_measures_here(family, position):
+@pytest.mark.parametrize("kind", ["ops", "position", "both"])
+def test_the_child_measures_what_the_census_measures_here(family, kind):
     # default shapes, or a checkpoint's own: the child loads it from its path
+    # (once for both kinds of row: "both" is the ops' rows, then the position rows)
     path = None if family is None else zoo.checkpoint(family)
     model = None if path is None else mlx_lm.load(str(path))[0]
     dtypes = ("float32", "bfloat16") if path is None else None  # None: the model's own
-    here = (position_census if position else c.census)(model, dtypes=dtypes, widths=WIDTHS)
-    there = isolated(path, dtypes=dtypes, widths=WIDTHS, position=position)
+    here = [r for measure in {"ops": [c.census], "position": [position_census],
+                              "both": [c.census, position_census]}[kind]
+            for r in measure(model, dtypes=dtypes, widths=WIDTHS)]
+    there = isolated(path, dtypes=dtypes, widths=WIDTHS, kind=kind)
     assert here and [(r.op, r.how, r.dtype, r.shape) for r in there] == \
         [(r.op, r.how, r.dtype, r.shape) for r in here]
     assert claims(there) == claims(here)
@@ -53,6 +56,8 @@ def test_a_row_that_crashes_its_process_is_a_row_that_could_not_run():
         claims([r for r in here if (r.how, r.dtype) != ("tokens", "float16")])
 
 
-def test_unknown_dtypes_are_refused_before_any_child_runs():
+def test_unknown_dtypes_and_kinds_are_refused_before_any_child_runs():
     with pytest.raises(ValueError, match="dtypes must be among"):
         isolated(dtypes=("float64",))
+    with pytest.raises(ValueError, match="kind must be one of ops, position, both"):
+        isolated(kind="positions")

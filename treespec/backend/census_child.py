@@ -6,8 +6,9 @@ default census segfaulted the pytest process that printed the verdict
 table, after every test had passed; the run hung and gave no verdict. A
 backend whose kernel faults is a backend the census must report, not one
 that takes the report down. So :func:`isolated` runs the census's rows
-(:func:`treespec.backend.census.census`, or with ``position=True``
-treespec.backend.census_position's) in a child (``python -m
+(:func:`treespec.backend.census.census`, treespec.backend.census_position's
+with ``kind="position"``, or both with ``kind="both"``: a checkpoint loaded
+once for the two) in a child (``python -m
 treespec.backend.census_child``) that first says how many rows it plans,
 then announces each row (op, how, dtype, shape) before measuring it and
 prints it after; where the child dies, the row it had announced becomes a
@@ -36,7 +37,7 @@ import mlx_lm
 from . import census_position
 from .census import MEASURES, WIDTHS, Row, checked_dtypes, checked_widths, measure_row, plan, to_json
 
-__all__ = ["isolated"]
+__all__ = ["KINDS", "isolated"]
 
 
 def _crash(returncode: int, stderr: str) -> str:
@@ -50,18 +51,24 @@ def _crash(returncode: int, stderr: str) -> str:
     return f"crashed the process: exit status {returncode}" + (f" ({tail})" if tail else "")
 
 
+KINDS = {"ops": ("ops",), "position": ("position",), "both": ("ops", "position")}
+
+
 def isolated(model: Optional[str] = None, dtypes: Optional[Sequence[str]] = None,
-             widths: Sequence[int] = WIDTHS, seed: int = 0, position: bool = False,
+             widths: Sequence[int] = WIDTHS, seed: int = 0, kind: str = "ops",
              child: str = __name__) -> List[Row]:
-    """The census's rows (``position``: its ``position`` rows) of the default
-    shapes or of the checkpoint at ``model``, each measured in a child
-    process; a row whose child died is a row that could not run, naming the
-    signal. ``child``: the module run as ``python -m child SPEC``, whose main
-    is :func:`main` (the suite's installs its plant first)."""
+    """The census's rows of the default shapes or of the checkpoint at
+    ``model`` (``kind``: "ops", its ``position`` rows, or "both", the ops'
+    first), each measured in a child process; a row whose child died is a
+    row that could not run, naming the signal. ``child``: the module run as
+    ``python -m child SPEC``, whose main is :func:`main` (the suite's
+    installs its plant first)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     ws = checked_widths(widths)
     if dtypes is not None:
         checked_dtypes(dtypes)  # before any child
-    spec = {"model": None if model is None else str(model), "position": position,
+    spec = {"model": None if model is None else str(model), "kind": kind,
             "dtypes": None if dtypes is None else list(dtypes), "widths": list(ws), "seed": seed,
             "device": "gpu" if mx.default_device() == mx.gpu else "cpu"}
     # the child imports what this process imports, from wherever it was started
@@ -95,15 +102,16 @@ def isolated(model: Optional[str] = None, dtypes: Optional[Sequence[str]] = None
 def main(argv: Sequence[str], measures: Optional[dict] = None) -> None:
     """The child: the rows of :func:`isolated`'s spec (``argv[0]``, JSON)
     from its ``skip``-th on, each announced, measured, then printed.
-    ``measures``: the rows per op (default: the census's, or its position
-    rows where the spec asks for them)."""
+    ``measures``: the rows per op (default: the census's, its position
+    rows, or both in turn, as the spec's ``kind`` asks)."""
     spec = json.loads(argv[0])
     mx.set_default_device(mx.gpu if spec["device"] == "gpu" else mx.cpu)
     model = None if spec["model"] is None else mlx_lm.load(spec["model"], lazy=True)[0]
-    if measures is None:
-        measures = census_position.MEASURES if spec["position"] else MEASURES
+    sets = {"ops": MEASURES, "position": census_position.MEASURES}
     ws = checked_widths(spec["widths"])
-    planned = plan(model, spec["dtypes"], measures)
+    planned = [p for m in ([measures] if measures is not None else
+                           [sets[k] for k in KINDS[spec["kind"]]])
+               for p in plan(model, spec["dtypes"], m)]
     print(json.dumps({"planned": len(planned)}), flush=True)
     for i in range(spec["skip"], len(planned)):
         p, op, how, name, _ = planned[i]

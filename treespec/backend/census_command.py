@@ -52,9 +52,9 @@ def cmd_census(args) -> int:
         model, _ = load_checkpoint(args.model, "model", lazy=True)
         shapes = f"{args.model} ({getattr(model, 'model_type', '?')}, {model_dtype(model)})"
     t0 = time.perf_counter()
-    # in child processes: a kernel that crashes one costs its row, not the table
-    rows = isolated(args.model, dtypes=args.dtypes, widths=args.widths)
-    rows += isolated(args.model, dtypes=args.dtypes, widths=args.widths, position=True)
+    # in child processes: a kernel that crashes one costs its row, not the table;
+    # one child for both kinds of row (a checkpoint is loaded once)
+    rows = isolated(args.model, dtypes=args.dtypes, widths=args.widths, kind="both")
     seconds = time.perf_counter() - t0
     b = backend()
     if args.json:
