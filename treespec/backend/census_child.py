@@ -94,8 +94,9 @@ def isolated(model: Optional[str] = None, dtypes: Optional[Sequence[str]] = None
             raise RuntimeError(f"the census child {_crash(run.returncode, run.stderr)} before "
                                f"measuring row {len(rows) + 1}"
                                + (f" of {planned}" if planned is not None else ""))
-        rows.append(Row(started["op"], started["dtype"], started["shape"], ws, None, 0.0,
-                        started["how"], _crash(run.returncode, run.stderr)))
+        # the announced row, as one that could not run (as measure_row makes one)
+        rows.append(Row(**started, widths=ws, first_differs=None, max_diff=0.0,
+                        error=_crash(run.returncode, run.stderr)))
     return rows
 
 
