@@ -51,7 +51,9 @@ def _crash(returncode: int, stderr: str) -> str:
     return f"crashed the process: exit status {returncode}" + (f" ({tail})" if tail else "")
 
 
-KINDS = {"ops": ("ops",), "position": ("position",), "both": ("ops", "position")}
+# the rows per op each kind measures, in turn
+KINDS = {"ops": (MEASURES,), "position": (census_position.MEASURES,),
+         "both": (MEASURES, census_position.MEASURES)}
 
 
 def isolated(model: Optional[str] = None, dtypes: Optional[Sequence[str]] = None,
@@ -108,10 +110,8 @@ def main(argv: Sequence[str], measures: Optional[dict] = None) -> None:
     spec = json.loads(argv[0])
     mx.set_default_device(mx.gpu if spec["device"] == "gpu" else mx.cpu)
     model = None if spec["model"] is None else mlx_lm.load(spec["model"], lazy=True)[0]
-    sets = {"ops": MEASURES, "position": census_position.MEASURES}
     ws = checked_widths(spec["widths"])
-    planned = [p for m in ([measures] if measures is not None else
-                           [sets[k] for k in KINDS[spec["kind"]]])
+    planned = [p for m in ((measures,) if measures is not None else KINDS[spec["kind"]])
                for p in plan(model, spec["dtypes"], m)]
     print(json.dumps({"planned": len(planned)}), flush=True)
     for i in range(spec["skip"], len(planned)):
