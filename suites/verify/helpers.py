@@ -21,8 +21,8 @@ from treespec.backend import row_kernels
 from treespec.backend.census import Row, census
 from treespec.backend.census_position import position_census
 from treespec.evidence.isolation import isolation, leak
-from treespec.evidence.same_width import (position_reason, same_width_rows, time_ordered_rows,
-                                          width_reason)
+from treespec.evidence.node_rows import against
+from treespec.evidence.same_width import width_reason
 from treespec.audit.states import (
     CacheMode,
     History as Replayed,
@@ -172,7 +172,7 @@ def widened_rows(model, widths):
 
 
 def root_path_verdict(model, before, tree, logits, kv=None,
-                      measure=position_census, width_measure=census) -> numerics.Verdict:
+                      measure=position_census, width_measure=census, verify=None) -> numerics.Verdict:
     """The verdict on every node's verify row against the last row of a plain
     forward over its root path (on a sliding-window ring: classic decoding's
     one-token steps over it, ``treespec.audit.states.classic``), each on its
@@ -182,39 +182,29 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     separating), inconclusive, or FAIL (treespec.evidence.numerics). ``kv``:
     (bits, group) of a quantized KV cache mode; ``measure``: the census's
     position rows the same-width reference consults, ``width_measure`` its
-    rows that may contradict an envelope of 0 (tests plant them)."""
+    rows that may contradict an envelope of 0 (tests plant them); ``verify``:
+    what gave ``logits`` (tree, cache -> rows; treespec's adapter if None),
+    run again for the proof at the attentions (treespec.evidence.attention_rows)."""
     refs = root_path_forwards(model, before, tree)
-    why, placement = "", None
     context = caches.offset(before) or 0
     kv_bits, kv_group = kv or (None, None)
     env = lambda: numerics.envelope(model, context, numerics.widths_of(tree, 2), kv_bits, kv_group)
-    if not mx.array_equal(logits, refs).item():
-        # The same root-path forwards at the verify's width may still match bit
-        # for bit: proven on any backend, no envelope needed
-        # (treespec.evidence.same_width); a difference is judged below, with the
-        # census's note where it measures a row's bits depending on its place.
-        same, why = same_width_rows(model, before, tree)
-        how = ""
-        if same is None:  # a ring's layout: the envelope never saw its keys' placement
-            placement = lambda: position_reason(model, len(tree), measure)  # noqa: E731
-            same, how = time_ordered_rows(model, before, tree, env)  # width-dependent backends only
-        if same is not None and not mx.array_equal(logits, same).item():
-            why = position_reason(model, len(tree), measure) or (
-                f"the rows differ from the same-width forwards with {how}" if how else "")
-        elif same is not None:
-            return numerics.Verdict(numerics.BIT_EXACT, 0.0, detail=(
-                f"node rows = mlx-lm's plain forward over each root path at the verify's width "
-                f"{len(tree)}{', ' + how if how else ''}, bit for bit "
-                f"({max_abs_diff(logits, refs):.3g} from the root-path forwards of their own "
-                "widths: the backend's width dependence)"))
+    # The same root-path forwards at the verify's width may still match bit for
+    # bit: proven on any backend, no envelope needed; a difference is judged
+    # below, with what those references found (treespec.evidence.node_rows).
+    found = against(model, before, tree, logits, refs, env, measure, verify)
+    if found.proven:
+        return numerics.Verdict(numerics.BIT_EXACT, 0.0, detail=(
+            f"{found.proven} ({max_abs_diff(logits, refs):.3g} from the root-path forwards of "
+            "their own widths: the backend's width dependence)"))
     controls = lambda: numerics.controls(model, before, tree, refs)
     proof = lambda: isolation(model, before, tree)  # noqa: E731
     verdict = numerics.judge(logits, refs, env, controls, what="node rows vs root-path forwards",
-                             placement=placement, isolation=proof,
+                             placement=found.placement, isolation=proof,
                              census=lambda: width_reason(model, len(tree), width_measure),
-                             leak=lambda: leak(model, before, tree))
-    if why and verdict.word != numerics.BIT_EXACT:
-        verdict = replace(verdict, detail="; ".join(x for x in (verdict.detail, why) if x))
+                             leak=lambda: leak(model, before, tree), attention=found.attention)
+    if found.why and verdict.word != numerics.BIT_EXACT:
+        verdict = replace(verdict, detail="; ".join(x for x in (verdict.detail, found.why) if x))
     return verdict
 
 

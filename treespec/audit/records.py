@@ -128,14 +128,16 @@ class Tally:
         self.judged: List[numerics.Verdict] = []  # the non-bit-exact verdicts
 
     def compare(self, got: mx.array, want: mx.array, where: dict, env=None,
-                controls=None, placement=None, isolation=None, census=None, leak=None) -> bool:
+                controls=None, placement=None, isolation=None, census=None, leak=None,
+                attention=None) -> bool:
         """``env``: the envelope (or a callable) two forwards of different widths
         are judged with (treespec.evidence.numerics.judge); without one, bit identity
         is required. ``controls``: the comparison's own negative controls;
-        ``placement``, ``isolation``, ``census``, ``leak``: judge's (a ring
-        layout the envelope did not measure; the controls the isolation proof
-        catches; the census contradicting an envelope of 0; the verify shown
-        leaking without the envelope)."""
+        ``placement``, ``isolation``, ``census``, ``leak``, ``attention``:
+        judge's (a ring layout the envelope did not measure; the controls the
+        isolation proof catches; the census contradicting an envelope of 0;
+        the verify shown leaking without the envelope; the proof at the
+        attentions)."""
         self.count += 1
         if got.shape == want.shape and mx.array_equal(got, want).item():
             self.words[numerics.BIT_EXACT] += 1
@@ -149,7 +151,8 @@ class Tally:
         verdict = None
         if env is not None and got.shape == want.shape:
             verdict = numerics.judge(got, want, env, controls, placement=placement,
-                                     isolation=isolation, census=census, leak=leak)
+                                     isolation=isolation, census=census, leak=leak,
+                                     attention=attention)
             if verdict.ok:
                 self.words[verdict.word] += 1
                 self.judged.append(verdict)

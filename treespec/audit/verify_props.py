@@ -13,7 +13,8 @@ import mlx.core as mx
 
 from ..evidence import numerics
 from ..evidence.isolation import isolation, leak
-from ..evidence.same_width import position_reason, same_width_rows, time_ordered_rows, width_reason
+from ..evidence.node_rows import against
+from ..evidence.same_width import width_reason
 from ..errors import TreeRefused
 from ..tree import DraftTree
 from .records import FAIL, PASS, Check, Tally
@@ -156,32 +157,24 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
                 tally.fail({**where, "message": f"verify returned {logits.shape[0]} rows "
                             f"for {len(tree)} nodes"})
                 continue
-            refs, placement = root_path_forwards(model, base, tree), None
+            refs = root_path_forwards(model, base, tree)
             env = envelope(s, hist.offset, numerics.widths_of(tree, 2), mode)
-            if not mx.array_equal(logits, refs).item():
-                # Proven where the rows equal the same root-path forwards at the
-                # verify's width (treespec.evidence.same_width), else judged.
-                same, why = same_width_rows(model, base, tree)
-                if same is None:  # a ring's layout: keys placed as the envelope never saw
-                    placement = functools.partial(position_reason, model, len(tree))
-                    same, _ = time_ordered_rows(model, base, tree, env)  # width-dependent only
-                    why = why if same is None else (
-                        "a root path reaches past the sliding-window ring, and the rows differ "
-                        "from the same-width forwards with the ring in time order")
-                if same is not None and mx.array_equal(logits, same).item():
-                    refs, proven = same, proven + 1
-                else:
-                    why = why or position_reason(model, len(tree))
-                    if why:
-                        unproven.add(why)
+            # Proven where the rows equal the same root-path forwards at the
+            # verify's width, else judged (treespec.evidence.node_rows).
+            found = against(model, base, tree, logits, refs, env, verify=adapter.verify)
+            if found.rows is not None:
+                refs, proven = found.rows, proven + 1
+            elif found.why:
+                unproven.add(found.why)
             controls = _once(functools.partial(numerics.controls, model, base, tree, refs))
             proof = _once(functools.partial(isolation, model, base, tree))
             zero = functools.partial(width_reason, model, len(tree))
             leaked = _once(functools.partial(leak, model, base, tree))
+            taught = None if found.attention is None else _once(found.attention)
             for i in range(len(tree)):
                 tally.compare(logits[i], refs[i], {**where, "node": i, "path": tree.path_to(i)},
-                              env=env, controls=controls, placement=placement, isolation=proof,
-                              census=zero, leak=leaked)
+                              env=env, controls=controls, placement=found.placement, isolation=proof,
+                              census=zero, leak=leaked, attention=taught)
     if tally.refused and tally.count:
         tally.note(f"{len(tally.refused)} trees refused ({tally.refused[0]})")
     for why in sorted(unproven):

@@ -19,10 +19,10 @@ from ..caches import mode_of
 from ..errors import TreeRefused
 from ..tree import DraftTree
 from ..verify import TreeAdapter, adapter_for
-from ..verify.attention import injected, tree_mask
+from ..verify.attention import Sites, injected, tree_injected, tree_mask
 
 __all__ = ["CONTROLS", "RECURRENCE", "SUBSTITUTED", "FlatRecurrence", "adapter_or_none", "clone",
-           "control_rows", "controls", "max_abs_diff", "verifiers"]
+           "control_rows", "controls", "leaked_node_verifier", "max_abs_diff", "verifiers"]
 
 CONTROLS = ("flattened positions", "causal mask", "leaked sibling")
 RECURRENCE = "flattened recurrence"  # a model with recurrent layers: the tree through them unmodified
@@ -75,6 +75,42 @@ def _control_mask(defect, cache, tree, n, window):
         m[j, m.shape[1] - n + i] = True  # node j sees its earlier sibling i
         mask = mx.array(m)
     return mask
+
+
+class _LeakedNode(TreeAdapter):
+    """treespec's adapter whose masks also show the root node 1's key (never
+    on the root's path), through the very layouts the verify uses (a
+    sliding-window ring's too): the smallest mask defect, one key too many,
+    in a chain as in a tree."""
+
+    def injection(self, cache, tree, owners, start, plans=None, ropes=True):
+        plans = plans or {}
+
+        def mask(c, n, window):
+            plan = plans.get(id(c))
+            if plan is None:
+                m = np.array(tree_mask(c, tree, window, start))
+                column = m.shape[1] - n + 1
+            else:
+                m = np.array(plan.mask(window))
+                column = int(np.nonzero(plan.layout(window).order == plan.ring.filled + 1)[0][0])
+            m[0, column] = True
+            return mx.array(m)
+        sites = Sites(self.family.rope_attr, owners, self._positions,
+                      self._one_token if ropes else (), self.rope_pool)
+        return tree_injected(self.model, cache, tree, sites, start, plans=plans, ropes=ropes,
+                             mask_fn=mask)
+
+
+def leaked_node_verifier(model) -> Optional[Callable]:
+    """A verify (a tree, a cache -> node rows) whose root also sees node 1,
+    by the tree path even for a chain; None where treespec has no adapter for
+    ``model``."""
+    real = adapter_or_none(model)
+    if real is None:
+        return None
+    leaky = _LeakedNode(model, real.family)  # made here: making one may run a forward of its own
+    return lambda t, c: leaky.verify(t, c, inject=True)
 
 
 def _siblings(tree: DraftTree) -> Tuple[int, int]:

@@ -212,7 +212,7 @@ def unsound(env: Envelope, what: str = "") -> Verdict:
 
 
 def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
-          placement=None, isolation=None, census=None, leak=None) -> Verdict:
+          placement=None, isolation=None, census=None, leak=None, attention=None) -> Verdict:
     """The verdict on two forwards' logits (any shape; rows along the first
     axis): bit-exact, within the envelope (and the controls separate),
     inconclusive (they do not), or FAIL. ``env``: an :class:`Envelope`, or a
@@ -252,14 +252,31 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
     the verdict would otherwise be inconclusive): why the verify under test
     is shown defective without the envelope (treespec.evidence.isolation.leak:
     a node's row moved by tokens off its root path). The verdict is then
-    FAIL, naming it."""
+    FAIL, naming it.
+
+    ``attention`` (a callable returning (a proof, why not), called only
+    where the verdict would otherwise be inconclusive and no leak is shown):
+    treespec.evidence.attention_rows.attention_proof: the rows differ from
+    mlx-lm's forwards of the verify's width inside the attentions only, by
+    one unit in the last place, with a leaked key moving them 10x further.
+    The verdict is then within envelope, naming it; else the detail says
+    why there is no such proof."""
     what = f"{what}: " if what else ""
 
-    def unless_leak(verdict: Verdict) -> Verdict:
+    def settled(verdict: Verdict, prove: bool = True) -> Verdict:
+        """An inconclusive ``verdict``, FAIL where a leak shows, else proven
+        at the attentions where ``prove`` and they prove it."""
         shown = leak() if callable(leak) else leak
-        if not shown:
+        if shown:
+            return replace(verdict, word=FAIL, detail=f"{verdict.detail}; but {shown}")
+        if attention is None or not prove:
             return verdict
-        return replace(verdict, word=FAIL, detail=f"{verdict.detail}; but {shown}")
+        proof, why = attention()
+        if proof is None:
+            return replace(verdict, detail=f"{verdict.detail}; no proof at the attentions: {why}")
+        # Its figures are units in the last place at the attentions, not logits: in the detail.
+        return Verdict(WITHIN, verdict.max_diff, detail=(
+            f"{what}max |diff| {verdict.max_diff:.3g} in logits; {proof.line()}"))
 
     if got.shape != want.shape:
         return Verdict(FAIL, float("inf"), detail=f"{what}shape {tuple(got.shape)} != {tuple(want.shape)}")
@@ -267,7 +284,7 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
         return Verdict(BIT_EXACT, 0.0)
     env = env() if callable(env) else env
     if env.faults:  # a kernel that does not repeat its bits: only a leak that repeats shows
-        return unless_leak(unsound(env, what))
+        return settled(unsound(env, what), prove=False)
     a = got.astype(mx.float32).reshape(-1, got.shape[-1]) if got.ndim else got.reshape(1, 1)
     b = want.astype(mx.float32).reshape(a.shape)
     rows = np.array(mx.max(mx.abs(a - b), axis=-1)).astype(np.float64)
@@ -278,13 +295,13 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
         first = int(np.nonzero(rows > 0)[0][0])
         why = placement() if callable(placement) else placement
         if why:
-            return unless_leak(Verdict(INCONCLUSIVE, diff, 0.0, 0.0, detail=(
+            return settled(Verdict(INCONCLUSIVE, diff, 0.0, 0.0, detail=(
                 f"{what}differs by {diff:.3g}{where}, first at row {first}, where the envelope "
                 f"(every row's keys contiguous) is 0; but {why}, and these rows' keys sit among "
                 f"masked ones: a placement the envelope did not measure ({env.line()})")))
         zero = census() if callable(census) else census
         if zero:
-            return unless_leak(Verdict(INCONCLUSIVE, diff, 0.0, 0.0, detail=(
+            return settled(Verdict(INCONCLUSIVE, diff, 0.0, 0.0, detail=(
                 f"{what}differs by {diff:.3g}{where}, first at row {first}, where the envelope "
                 f"measured 0 ({env.line()}); but {zero}")))
         return Verdict(FAIL, diff, 0.0, 0.0, detail=(
@@ -308,7 +325,7 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
                    "controls " + ", ".join(f"{k} {v:.3g}" for k, v in c.items()))
         if caught:
             figures += f" ({', '.join(caught)} caught by isolation)"
-        return unless_leak(Verdict(
+        return settled(Verdict(
             INCONCLUSIVE, diff, env.value, env.bound, min(weak.values()) if weak else None,
             detail=(f"{what}max |diff| {diff:.3g}{where} within bound {env.bound:.3g}, but "
                     f"{figures}: not {SEPARATION:g} x the bound ({SEPARATION * env.bound:.3g}), "

@@ -1,0 +1,224 @@
+"""Rows that differ from the same-width reference inside the attention only,
+by the dtype's last place: the summation order of the attention's sums,
+proven layer by layer.
+
+Where a verify's node rows differ from mlx-lm's own forwards of the
+verify's width (treespec.evidence.same_width), the logits carry every
+layer's rounding, and in half precision on a GPU the envelope that bounds
+them is too wide for the negative controls to clear (issue 42: over a
+wrapped sliding-window ring the verify lays keys in slot order, the
+reference in time order; rows then differed by 0.19-0.28 in logits on an
+H100, bound 2.5-3.8, weakest control 3.8). This looks where a difference
+arises instead of where it ends.
+
+The reference forward is *taught* the verify's attention outputs: each
+attention's output projection (``o_proj``) receives, in node i's padded
+forward, the verify's rows of node i's root path in place of its own, and
+records what its own attention computed. So at every layer the reference's
+attention reads exactly the verify's hidden rows, and what follows it is
+the verify's too. Then:
+
+1. the taught forwards' logits equal the verify's rows bit for bit: every
+   computation outside the attentions (embeddings, norms, projections, MLPs,
+   the head) is proven identical, not bounded;
+2. at every attention, each node's output differs from the reference
+   attention's (same queries, keys and values, the same visible keys, in
+   another order) by at most ``ULPS`` unit in the last place of the dtype
+   at that element: the smallest difference the dtype can express, what
+   one more rounding of a sum in a different order gives where the kernel
+   accumulates wider than it stores;
+3. a defect of the smallest kind an attention can have, one key visible
+   that must not be (:data:`LEAKED`: the root sees node 1, through the
+   same ring layout), moves that attention's output by at least
+   ``SEPARATION`` x ``ULPS`` units at the first layer it touches: the
+   check has the power to see a mask defect.
+
+All three: the rows are ``within envelope`` (the envelope ``ULPS`` units at
+the attention, the control's figure). Anything else proves nothing: the
+verdict stays what treespec.evidence.verdicts.judge made it. It never turns
+a difference into FAIL (a float32 attention's order moves its outputs by
+many units where values cancel: measured on this CPU, 3 to 2157), only an
+inconclusive row into a proven one.
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..mixers import set_slot
+from ..standin import StandIn
+from ..tree import DraftTree
+from ..verify.taps import layer_home
+from .controls import clone, leaked_node_verifier
+from .same_width import padded_rows
+from .verdicts import SEPARATION
+
+__all__ = ["LEAKED", "ULPS", "AttentionProof", "attention_proof", "output_projections", "ulps"]
+
+ULPS = 1.0  # the bound: one unit in the last place of the attention's output dtype
+LEAKED = "leaked node"  # the control: the root sees node 1
+OUTPUT = "o_proj"  # the attention's output projection, in every mlx-lm family that has one so named
+
+_MANTISSA = {mx.bfloat16: (7, -133), mx.float16: (10, -24), mx.float32: (23, -149)}
+
+
+def ulps(a: mx.array, b: mx.array) -> float:
+    """The largest |a - b| in units in the last place of their dtype at the
+    larger magnitude of each pair (subnormal spacing at the bottom)."""
+    bits, tiny = _MANTISSA[a.dtype]
+    x = np.array(a.astype(mx.float32), dtype=np.float64)
+    y = np.array(b.astype(mx.float32), dtype=np.float64)
+    big = np.maximum(np.abs(x), np.abs(y))
+    exp = np.floor(np.log2(np.where(big > 0, big, 1.0)))
+    unit = np.maximum(2.0 ** (exp - bits), 2.0 ** tiny)
+    return float(np.max(np.abs(x - y) / unit)) if x.size else 0.0
+
+
+class Taught(StandIn):
+    """Stands in for one attention's output projection: records every input
+    (the attention's output rows) and, while ``rows`` is set, feeds the
+    projection those rows in place of its input's first ones."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        object.__setattr__(self, "seen", [])  # not children: not in the parameter tree
+        object.__setattr__(self, "rows", None)
+
+    def __call__(self, x):
+        self.seen.append(x)
+        if self.rows is not None:
+            k = self.rows.shape[1]
+            x = mx.concatenate([self.rows, x[:, k:]], axis=1)
+        return self.inner(x)
+
+
+def output_projections(model: nn.Module) -> Tuple[List[Tuple[object, str]], str]:
+    """(container, key) of every decoder layer's attention output projection,
+    in layer order, and "" ; or ([], why none can be taught: no decoder
+    layer list, a layer with two, or none at all). A layer without one (a
+    recurrent mixer) is not taught: it must then compute bit for bit."""
+    try:
+        _, layers = layer_home(model)
+    except ValueError as e:
+        return [], str(e)
+    out = []
+    for n, layer in enumerate(layers):
+        found = [name for name, m in layer.named_modules()
+                 if name.split(".")[-1] == OUTPUT and isinstance(m, nn.Module)]
+        if len(found) > 1:
+            return [], f"layer {n} has {len(found)} modules named {OUTPUT}"
+        if found:
+            parent = layer
+            *up, key = found[0].split(".")
+            for part in up:
+                parent = parent[part]
+            out.append((parent, key))
+    return (out, "") if out else ([], f"no attention output projection ({OUTPUT}) in any layer")
+
+
+@contextmanager
+def taught(sites: Sequence[Tuple[object, str]]):
+    """A :class:`Taught` in every site for the block, the projections back
+    in place when it ends, however it ends."""
+    stands = [Taught(container[key]) for container, key in sites]
+    try:
+        for (container, key), s in zip(sites, stands):
+            set_slot(container, key, s)
+        yield stands
+    finally:
+        for (container, key), s in zip(sites, stands):
+            set_slot(container, key, s.inner)
+
+
+@dataclass(frozen=True)
+class AttentionProof:
+    max_ulps: float  # the largest attention-output difference from the reference, in units
+    layer: int  # the layer (among the taught ones) where it is
+    control: float  # the leaked node's movement at the first attention it touches, in units
+
+    def line(self) -> str:
+        return (f"outside the attentions bit for bit against mlx-lm's forwards at the verify's width "
+                f"taught the verify's attention outputs; each attention output within "
+                f"{self.max_ulps:g} <= {ULPS:g} unit in the last place of the reference's (layer "
+                f"{self.layer}); a {LEAKED} moves one by {self.control:g} units "
+                f"(>= {SEPARATION:g} x)")
+
+
+def _last_call(stands, n: int) -> Optional[List[mx.array]]:
+    """Each stand-in's input in the last call it saw, where that is one
+    n-row forward's (a first verify may run a check forward before it), or
+    None."""
+    if any(not s.seen or s.seen[-1].ndim != 3 or s.seen[-1].shape[:2] != (1, n) for s in stands):
+        return None
+    return [s.seen[-1] for s in stands]
+
+
+def _verified(stands, verify: Callable, tree: DraftTree, before) -> Tuple[mx.array, Optional[list]]:
+    for s in stands:
+        s.seen.clear()
+    rows = verify(tree, clone(before))
+    mx.eval(rows, [s.seen for s in stands])
+    return rows, _last_call(stands, len(tree))
+
+
+def attention_proof(model, before, tree: DraftTree, logits: mx.array, verify: Callable,
+                    wrapped: bool = False) -> Tuple[Optional[AttentionProof], str]:
+    """(the proof, "") where ``logits`` (``verify(tree, cache)``'s rows from
+    ``before``) differ from the same-width reference (mlx-lm's padded forward
+    of each root path; ``wrapped``: over a wrapped ring in time order,
+    treespec.evidence.same_width) inside the attentions only, by at most
+    ``ULPS`` units, and the leaked-node control clears ``SEPARATION`` x that;
+    else (None, why not). See the module docstring."""
+    sites, why = output_projections(model)
+    if not sites:
+        return None, why
+    n = len(tree)
+    with taught(sites) as stands:
+        rows, seen = _verified(stands, verify, tree, before)
+        if seen is None:
+            return None, f"the verify's last call of each {OUTPUT} is not over its {n} rows"
+        if not mx.array_equal(rows, logits).item():
+            return None, "the verify, run again, does not give the rows judged"
+        worst, at, want = 0.0, 0, []
+        for i in range(n):
+            path = tree.path_to(i)
+            for s, x in zip(stands, seen):
+                s.seen.clear()
+                object.__setattr__(s, "rows", x[:, path])
+            ref = padded_rows(model, before, tree, nodes=[i], wrapped=wrapped)
+            if ref is None:
+                return None, "no same-width reference"
+            want.append(ref[0])
+            for layer, (s, x) in enumerate(zip(stands, seen)):
+                u = ulps(x[0, i], s.seen[-1][0, len(path) - 1])
+                if u > worst:
+                    worst, at = u, layer
+        for s in stands:
+            object.__setattr__(s, "rows", None)
+        if not mx.array_equal(mx.stack(want), logits).item():
+            return None, "the rows differ outside the attentions too"
+        if worst > ULPS:
+            return None, (f"an attention output differs from the reference's by {worst:g} units in "
+                          f"the last place (layer {at}), more than {ULPS:g}")
+        leaky = leaked_node_verifier(model)
+        moved = None if leaky is None else _first_moved(seen, _verified(stands, leaky, tree, before)[1])
+    if moved is None:
+        return None, f"the {LEAKED} control moved no attention output"
+    if moved < SEPARATION * ULPS:
+        return None, (f"the {LEAKED} control moves an attention output by {moved:g} units, not "
+                      f"{SEPARATION:g} x {ULPS:g}")
+    return AttentionProof(worst, at, moved), ""
+
+
+def _first_moved(seen: Sequence[mx.array], other: Optional[Sequence[mx.array]]) -> Optional[float]:
+    """The units by which ``other`` differs from ``seen`` at the first layer
+    where they differ (there their inputs were still the same); None."""
+    for x, y in zip(seen, other or ()):
+        if not mx.array_equal(x, y).item():
+            return ulps(x, y)
+    return None
