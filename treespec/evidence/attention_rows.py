@@ -67,15 +67,23 @@ _MANTISSA = {mx.bfloat16: (7, -133), mx.float16: (10, -24), mx.float32: (23, -14
 
 
 def ulps(a: mx.array, b: mx.array) -> float:
-    """The largest |a - b| in units in the last place of their dtype at the
-    larger magnitude of each pair (subnormal spacing at the bottom)."""
+    """The largest |a - b| in units in the last place of their dtype at each
+    row's largest magnitude (the last axis a row; subnormal spacing at the
+    bottom). A row of an attention's output is a weighted average of value
+    rows: a sum added in another order moves each element by a rounding of
+    that row's scale, not of the element's own (which cancellation can make
+    as small as it likes: measured on an H100, 150 units at an element's
+    own magnitude in a bfloat16 chain where the rows differ by one unit at
+    their scale)."""
     bits, tiny = _MANTISSA[a.dtype]
     x = np.array(a.astype(mx.float32), dtype=np.float64)
     y = np.array(b.astype(mx.float32), dtype=np.float64)
-    big = np.maximum(np.abs(x), np.abs(y))
+    if not x.size:
+        return 0.0
+    big = np.max(np.maximum(np.abs(x), np.abs(y)), axis=-1, keepdims=True)
     exp = np.floor(np.log2(np.where(big > 0, big, 1.0)))
     unit = np.maximum(2.0 ** (exp - bits), 2.0 ** tiny)
-    return float(np.max(np.abs(x - y) / unit)) if x.size else 0.0
+    return float(np.max(np.abs(x - y) / unit))
 
 
 class Taught(StandIn):
