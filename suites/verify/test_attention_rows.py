@@ -14,6 +14,7 @@ step, exact in any dtype), over the width-dependent gemma3_text bfloat16
 model of test_same_width (its envelope leaves the controls short of 10x, so
 the verdict would otherwise be inconclusive). Tried: with ``ULPS`` at 0 the
 one-unit test fails; with the outside check dropped the moved-logits test
+fails; with the unit taken at each element's own magnitude the unit test
 fails."""
 
 import mlx.core as mx
@@ -22,7 +23,7 @@ import pytest
 from suites.planted import shape_dependent
 from suites.verify import helpers
 from treespec.evidence import numerics
-from treespec.evidence.attention_rows import LEAKED, ULPS, attention_proof, output_projections
+from treespec.evidence.attention_rows import LEAKED, ULPS, attention_proof, output_projections, ulps
 from treespec.evidence.controls import clone, leaked_node_verifier
 from treespec.evidence.same_width import padded_rows
 from treespec.mixers import set_slot
@@ -144,3 +145,20 @@ def test_a_leaked_key_in_the_verify_is_not_proven(ring):
     proof, why = attention_proof(model, before, CHAIN, rows, verify, wrapped=True)
     assert proof is None
     assert "units in the last place" in why, why
+
+
+@pytest.mark.parametrize("dtype, bits", [(mx.bfloat16, mx.uint16), (mx.float16, mx.uint16),
+                                         (mx.float32, mx.uint32)])
+def test_a_unit_is_one_step_of_the_dtype_at_the_rows_largest_magnitude(dtype, bits):
+    # The reference is the dtype's own bit pattern: k steps of the largest
+    # element are k units; k steps of an element 2**-10 as large are far fewer
+    # (an attention row's rounding is of the row's scale, not the element's).
+    row = mx.array([[3.0, -0.75, 2.0 ** -10 * 3.0, 1.5]], dtype=dtype)
+
+    def stepped(at, k):
+        moved = mx.view(row[0, at:at + 1], bits) + k
+        return mx.concatenate([row[0, :at], mx.view(moved, dtype), row[0, at + 1:]])[None]
+    for k in (1, 2, 7):
+        assert ulps(row, stepped(0, k)) == k
+        assert ulps(row, stepped(2, k)) == k * 2.0 ** -10
+    assert ulps(row, row) == 0
