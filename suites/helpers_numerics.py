@@ -53,16 +53,19 @@ def envelope(model, context: int, widths: Sequence[int], kv: Optional[tuple] = N
 
 
 def judged(got, want, model, context: int, widths: Sequence[int], kv=None, controls=None,
-           what: str = "") -> numerics.Verdict:
-    return numerics.judge(got, want, envelope(model, context, widths, kv), controls, what)
+           what: str = "", attention=None) -> numerics.Verdict:
+    return numerics.judge(got, want, envelope(model, context, widths, kv), controls, what,
+                          attention=attention)
 
 
 def check(got, want, model, context: int, widths: Sequence[int], contract: str, kv=None,
-          controls=None, what: str = "", label: Optional[tuple] = None, mode: str = ""):
+          controls=None, what: str = "", label: Optional[tuple] = None, mode: str = "",
+          attention=None):
     """Judge ``got`` against ``want`` and :func:`suites.verdict.expect` it
-    under ``contract`` for the model's (family, dtype[ mode])."""
+    under ``contract`` for the model's (family, dtype[ mode]); ``attention``:
+    judge's proof at the attentions, where the envelope cannot decide."""
     family, dtype = label or model_label(model)
-    verdict = judged(got, want, model, context, widths, kv, controls, what)
+    verdict = judged(got, want, model, context, widths, kv, controls, what, attention)
     return expect(verdict, contract, family, f"{dtype} {mode}".strip())
 
 

@@ -40,6 +40,20 @@ FAIL, DECLINED = "FAIL", "declined"
 ULPS = 2
 
 
+BITS = {mx.bfloat16: mx.uint16, mx.float16: mx.uint16, mx.float32: mx.uint32}
+
+
+def bit_steps(x: mx.array, index: tuple, k: int) -> mx.array:
+    """A copy of ``x`` with the element at ``index`` moved ``k`` steps of its
+    dtype's bit pattern (k units in the last place within a binade, away from
+    zero for k > 0): a difference exact in any float dtype, never rounded
+    away."""
+    out = mx.array(x)
+    moved = mx.view(x[index].reshape(1), BITS[x.dtype]) + k
+    out[index] = mx.view(moved, x.dtype)[0]
+    return out
+
+
 @dataclass(frozen=True)
 class Plant:
     name: str

@@ -22,6 +22,7 @@ from suites.verify.helpers import assert_rows_are_root_path_forwards
 from treespec import caches, zoo
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.evidence import numerics
+from treespec.evidence.attention_rows import decode_proof
 from treespec.models import prefilled
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
@@ -93,12 +94,19 @@ def assert_verify_and_commit_are_classic(model, cache, rng, parents):
     bad = mismatches(ours, moved(copy.deepcopy(cache), writes, path, len(tree)))
     assert not bad, f"after committing {path}: not the path's one-token writes: {bad}"
     exact(ROLLBACK_ROWS, model, "ring")
-    _, ref_cache = one_token_steps(model, cache, [tree.tokens[j] for j in path])
+    tokens = [tree.tokens[j] for j in path]
+    _, ref_cache = one_token_steps(model, cache, tokens)
     later = rng.randint(0, zoo.VOCAB_SIZE, size=3).tolist()
     a, _ = one_token_steps(model, ours, later)
     b, _ = one_token_steps(model, ref_cache, later)
+    # Where the envelope cannot decide: the steps differ only where the caches
+    # do, in rows only the attentions read (treespec.evidence.attention_rows);
+    # the control holds another branch's rows in the path's place.
+    stale = lambda: one_token_steps(model, cache, [(tokens[0] + 1) % zoo.VOCAB_SIZE]  # noqa: E731
+                                    + tokens[1:])[1]
     check(mx.stack(a), mx.stack(b), model, context + len(path), widths, ROLLBACK_DECODE,
-          mode="ring", what=f"steps after committing {path}")
+          mode="ring", what=f"steps after committing {path}",
+          attention=lambda: decode_proof(model, ours, ref_cache, later, stale()))
 
 
 def _phases(window):

@@ -20,7 +20,7 @@ fails."""
 import mlx.core as mx
 import pytest
 
-from suites.planted import shape_dependent
+from suites.planted import bit_steps, shape_dependent
 from suites.verify import helpers
 from treespec.evidence import numerics
 from treespec.evidence.attention_rows import LEAKED, ULPS, attention_proof, output_projections, ulps
@@ -48,7 +48,7 @@ def ring():
 class Moved(StandIn):
     """An attention output projection whose input, at ``NODE``'s row and its
     largest element, is moved by ``units`` steps of the dtype's bit pattern
-    (one unit in the last place each, away from zero; a half-precision dtype)."""
+    (suites.planted.bit_steps)."""
 
     def __init__(self, inner, units):
         super().__init__()
@@ -56,11 +56,8 @@ class Moved(StandIn):
         object.__setattr__(self, "units", units)
 
     def __call__(self, x):
-        row = x[0, NODE]
-        at = mx.argmax(mx.abs(row.astype(mx.float32))).item()
-        bits = mx.view(row[at:at + 1], mx.uint16) + self.units
-        row = mx.concatenate([row[:at], mx.view(bits, x.dtype), row[at + 1:]])
-        return self.inner(mx.concatenate([x[:, :NODE], row[None, None], x[:, NODE + 1:]], axis=1))
+        at = mx.argmax(mx.abs(x[0, NODE].astype(mx.float32))).item()
+        return self.inner(bit_steps(x, (0, NODE, at), self.units))
 
 
 def moved_verify(model, units: int, layer: int):
@@ -147,18 +144,13 @@ def test_a_leaked_key_in_the_verify_is_not_proven(ring):
     assert "units in the last place" in why, why
 
 
-@pytest.mark.parametrize("dtype, bits", [(mx.bfloat16, mx.uint16), (mx.float16, mx.uint16),
-                                         (mx.float32, mx.uint32)])
-def test_a_unit_is_one_step_of_the_dtype_at_the_rows_largest_magnitude(dtype, bits):
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
+def test_a_unit_is_one_step_of_the_dtype_at_the_rows_largest_magnitude(dtype):
     # The reference is the dtype's own bit pattern: k steps of the largest
     # element are k units; k steps of an element 2**-10 as large are far fewer
     # (an attention row's rounding is of the row's scale, not the element's).
     row = mx.array([[3.0, -0.75, 2.0 ** -10 * 3.0, 1.5]], dtype=dtype)
-
-    def stepped(at, k):
-        moved = mx.view(row[0, at:at + 1], bits) + k
-        return mx.concatenate([row[0, :at], mx.view(moved, dtype), row[0, at + 1:]])[None]
     for k in (1, 2, 7):
-        assert ulps(row, stepped(0, k)) == k
-        assert ulps(row, stepped(2, k)) == k * 2.0 ** -10
+        assert ulps(row, bit_steps(row, (0, 0), k)) == k
+        assert ulps(row, bit_steps(row, (0, 2), k)) == k * 2.0 ** -10
     assert ulps(row, row) == 0

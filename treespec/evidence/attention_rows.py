@@ -24,21 +24,32 @@ the verify's too. Then:
 2. at every attention, each node's output differs from the reference
    attention's (same queries, keys and values, the same visible keys, in
    another order) by at most ``ULPS`` unit in the last place of the dtype
-   at that element: the smallest difference the dtype can express, what
-   one more rounding of a sum in a different order gives where the kernel
-   accumulates wider than it stores;
+   at the row's largest magnitude (:func:`ulps`): the smallest difference
+   the dtype can express at that scale, what one more rounding of a sum in
+   a different order gives where the kernel accumulates wider than it
+   stores;
 3. a defect of the smallest kind an attention can have, one key visible
    that must not be (:data:`LEAKED`: the root sees node 1, through the
    same ring layout), moves that attention's output by at least
    ``SEPARATION`` x ``ULPS`` units at the first layer it touches: the
    check has the power to see a mask defect.
 
-All three: the rows are ``within envelope`` (the envelope ``ULPS`` units at
-the attention, the control's figure). Anything else proves nothing: the
+The same holds one step on, for decoding on after a commit
+(:func:`decode_proof`): one-token steps from the committed cache (the path's
+rows as the n-wide verify computed them) against the same steps from a
+cache fed the path one token at a time. The caches differ in rows only the
+attentions read; the reference's steps, taught the committed steps'
+attention outputs, must give their logits bit for bit, each attention
+output within ``ULPS``, and the control (:data:`STALE`: another branch's
+rows in the path's place) must land ``SEPARATION`` x beyond.
+
+All three: the rows are ``within envelope``, the detail giving the units
+and the control's figure (the verdict's envelope and control, in logits,
+stay empty). Anything else proves nothing: the
 verdict stays what treespec.evidence.verdicts.judge made it. It never turns
 a difference into FAIL (a float32 attention's order moves its outputs by
-many units where values cancel: measured on this CPU, 3 to 2157), only an
-inconclusive row into a proven one.
+several units: measured on this CPU, 2 to 5), only an inconclusive row into
+a proven one.
 """
 
 from contextlib import contextmanager
@@ -57,10 +68,12 @@ from .controls import clone, leaked_node_verifier
 from .same_width import padded_rows
 from .verdicts import SEPARATION
 
-__all__ = ["LEAKED", "ULPS", "AttentionProof", "attention_proof", "output_projections", "ulps"]
+__all__ = ["LEAKED", "STALE", "ULPS", "AttentionProof", "attention_proof", "decode_proof",
+           "output_projections", "ulps"]
 
 ULPS = 1.0  # the bound: one unit in the last place of the attention's output dtype
-LEAKED = "leaked node"  # the control: the root sees node 1
+LEAKED = "leaked node"  # the tree's control: the root sees node 1
+STALE = "wrong branch"  # decoding on's control: another branch's rows in the path's place
 OUTPUT = "o_proj"  # the attention's output projection, in every mlx-lm family that has one so named
 
 _MANTISSA = {mx.bfloat16: (7, -133), mx.float16: (10, -24), mx.float32: (23, -149)}
@@ -88,21 +101,27 @@ def ulps(a: mx.array, b: mx.array) -> float:
 
 class Taught(StandIn):
     """Stands in for one attention's output projection: records every input
-    (the attention's output rows) and, while ``rows`` is set, feeds the
-    projection those rows in place of its input's first ones."""
+    (the attention's output rows) and feeds the projection, at each call
+    while ``lessons`` holds some, the next lesson's rows in place of its
+    input's first ones."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()
         self.inner = inner
         object.__setattr__(self, "seen", [])  # not children: not in the parameter tree
-        object.__setattr__(self, "rows", None)
+        object.__setattr__(self, "lessons", [])
 
     def __call__(self, x):
         self.seen.append(x)
-        if self.rows is not None:
-            k = self.rows.shape[1]
-            x = mx.concatenate([self.rows, x[:, k:]], axis=1)
+        if self.lessons:
+            rows = self.lessons.pop(0)
+            x = mx.concatenate([rows, x[:, rows.shape[1]:]], axis=1)
         return self.inner(x)
+
+    def teach(self, lessons: Sequence[mx.array]):
+        """The rows of the next calls, one array a call; what it saw forgotten."""
+        self.seen.clear()
+        self.lessons[:] = list(lessons)
 
 
 def output_projections(model: nn.Module) -> Tuple[List[Tuple[object, str]], str]:
@@ -147,13 +166,15 @@ def taught(sites: Sequence[Tuple[object, str]]):
 class AttentionProof:
     max_ulps: float  # the largest attention-output difference from the reference, in units
     layer: int  # the layer (among the taught ones) where it is
-    control: float  # the leaked node's movement at the first attention it touches, in units
+    control: Optional[float]  # the control's movement at the first attention it touches, in units
+    control_name: str = LEAKED
+    reference: str = "mlx-lm's forwards at the verify's width"
 
     def line(self) -> str:
-        return (f"outside the attentions bit for bit against mlx-lm's forwards at the verify's width "
-                f"taught the verify's attention outputs; each attention output within "
-                f"{self.max_ulps:g} <= {ULPS:g} unit in the last place of the reference's (layer "
-                f"{self.layer}); a {LEAKED} moves one by {self.control:g} units "
+        return (f"outside the attentions bit for bit against {self.reference} taught these "
+                f"attention outputs; each attention output within {self.max_ulps:g} <= {ULPS:g} "
+                f"unit in the last place (at the row's scale) of the reference's (layer "
+                f"{self.layer}); a {self.control_name} moves one by {self.control:g} units "
                 f"(>= {SEPARATION:g} x)")
 
 
@@ -196,8 +217,7 @@ def attention_proof(model, before, tree: DraftTree, logits: mx.array, verify: Ca
         for i in range(n):
             path = tree.path_to(i)
             for s, x in zip(stands, seen):
-                s.seen.clear()
-                object.__setattr__(s, "rows", x[:, path])
+                s.teach([x[:, path]])
             ref = padded_rows(model, before, tree, nodes=[i], wrapped=wrapped)
             if ref is None:
                 return None, "no same-width reference"
@@ -206,21 +226,77 @@ def attention_proof(model, before, tree: DraftTree, logits: mx.array, verify: Ca
                 u = ulps(x[0, i], s.seen[-1][0, len(path) - 1])
                 if u > worst:
                     worst, at = u, layer
-        for s in stands:
-            object.__setattr__(s, "rows", None)
         if not mx.array_equal(mx.stack(want), logits).item():
             return None, "the rows differ outside the attentions too"
-        if worst > ULPS:
-            return None, (f"an attention output differs from the reference's by {worst:g} units in "
-                          f"the last place (layer {at}), more than {ULPS:g}")
         leaky = leaked_node_verifier(model)
         moved = None if leaky is None else _first_moved(seen, _verified(stands, leaky, tree, before)[1])
-    if moved is None:
-        return None, f"the {LEAKED} control moved no attention output"
-    if moved < SEPARATION * ULPS:
-        return None, (f"the {LEAKED} control moves an attention output by {moved:g} units, not "
-                      f"{SEPARATION:g} x {ULPS:g}")
-    return AttentionProof(worst, at, moved), ""
+    return _proven(AttentionProof(worst, at, moved))
+
+
+def _proven(proof: AttentionProof) -> Tuple[Optional[AttentionProof], str]:
+    """The rule's last two steps: the largest attention difference within
+    ``ULPS``, the control's movement (None: it moved nothing) ``SEPARATION``
+    x beyond."""
+    if proof.max_ulps > ULPS:
+        return None, (f"an attention output differs from the reference's by {proof.max_ulps:g} "
+                      f"units in the last place (layer {proof.layer}), more than {ULPS:g}")
+    if proof.control is None:
+        return None, f"the {proof.control_name} control moved no attention output"
+    if proof.control < SEPARATION * ULPS:
+        return None, (f"the {proof.control_name} control moves an attention output by "
+                      f"{proof.control:g} units, not {SEPARATION:g} x {ULPS:g}")
+    return proof, ""
+
+
+def _steps(model, cache, tokens: Sequence[int]) -> mx.array:
+    """The logits of one-token steps over ``tokens`` from a copy of ``cache``."""
+    c = clone(cache)
+    out = mx.stack([model(mx.array([[t]]), cache=c)[0, -1] for t in tokens])
+    mx.eval(out)
+    return out
+
+
+def decode_proof(model, cache, reference, tokens: Sequence[int],
+                 stale) -> Tuple[Optional[AttentionProof], str]:
+    """(the proof, "") where one-token steps over ``tokens`` from ``cache``
+    (after a commit: the accepted path's rows as the verify computed them)
+    differ from the same steps from ``reference`` (the path fed one token at
+    a time) inside the attentions only, by at most ``ULPS`` units, and the
+    steps from ``stale`` (the control: the path fed one token at a time with
+    its first token replaced, another branch's rows in its place, what a
+    commit of the wrong branch leaves) move an attention output
+    ``SEPARATION`` x further; else (None, why not).
+
+    The reference's steps are taught the cache's attention outputs, step by
+    step, so what is left to differ is what only the attentions read: the
+    two caches' rows. Everything else (a recurrent state, say) must give
+    the steps bit for bit."""
+    sites, why = output_projections(model)
+    if not sites:
+        return None, why
+    with taught(sites) as stands:
+        got = _steps(model, cache, tokens)
+        seen = [list(s.seen) for s in stands]  # per layer, per step
+        if any(len(x) != len(tokens) for x in seen):
+            return None, f"a one-token step does not run each {OUTPUT} once"
+        for s, x in zip(stands, seen):
+            s.teach(x)
+        if not mx.array_equal(_steps(model, reference, tokens), got).item():
+            return None, "the steps differ outside the attentions too"
+        worst, at = max(((ulps(a, b), layer) for layer, s in enumerate(stands)
+                         for a, b in zip(seen[layer], s.seen)), key=lambda p: p[0],
+                        default=(0.0, 0))
+        for s in stands:
+            s.teach([])
+        _steps(model, stale, tokens)
+        moved = _first_moved(_in_time(seen), _in_time([list(s.seen) for s in stands]))
+    return _proven(AttentionProof(worst, at, moved, STALE, "the same one-token steps from the "
+                                  "cache fed the path one token at a time"))
+
+
+def _in_time(per_layer: Sequence[Sequence[mx.array]]) -> List[mx.array]:
+    """Per-layer lists of per-step calls, in the order they ran."""
+    return [calls[k] for k in range(len(per_layer[0])) for calls in per_layer]
 
 
 def _first_moved(seen: Sequence[mx.array], other: Optional[Sequence[mx.array]]) -> Optional[float]:
