@@ -106,7 +106,7 @@ def assert_verify_and_commit_are_classic(model, cache, rng, parents):
                                     + tokens[1:])[1]
     check(mx.stack(a), mx.stack(b), model, context + len(path), widths, ROLLBACK_DECODE,
           mode="ring", what=f"steps after committing {path}",
-          attention=lambda: decode_proof(model, ours, ref_cache, later, stale()))
+          attention=lambda: decode_proof(model, ours, ref_cache, [[t] for t in later], stale()))
 
 
 def _phases(window):

@@ -27,7 +27,7 @@ from treespec.evidence.verdicts import SEPARATION
 
 pytestmark = pytest.mark.exactness
 
-PATH, LATER = [5, 9, 13], [3, 7, 11]
+PATH, LATER = [5, 9, 13], [[3], [7], [11]]  # LATER: three one-token steps
 BRANCH = [6, 9, 13]  # the control: another first token, so every row of the path another branch's
 
 
@@ -64,10 +64,12 @@ def ring():
     return model, fed(model, before, PATH), fed(model, before, BRANCH)
 
 
+@pytest.mark.parametrize("calls", [LATER, [sum(LATER, [])]], ids=["steps", "one-forward"])
 @pytest.mark.parametrize("what", ["values", "keys"])
-def test_one_unit_in_a_cached_row_is_proven_and_the_wrong_branch_lands_10x_beyond(ring, what):
+def test_one_unit_in_a_cached_row_is_proven_and_the_wrong_branch_lands_10x_beyond(ring, what, calls):
+    # Later one-token steps (suites/ring), or one forward over them (the audit's chunks).
     model, ref, branch = ring
-    proof, why = decode_proof(model, moved(ref, RotatingKVCache, what, 1), ref, LATER, branch)
+    proof, why = decode_proof(model, moved(ref, RotatingKVCache, what, 1), ref, calls, branch)
     assert proof is not None, why
     assert proof.max_ulps <= ULPS and proof.control >= SEPARATION * ULPS, proof
     assert STALE in proof.line()

@@ -113,6 +113,19 @@ class Report:
         }
 
 
+def once(measure):
+    """``measure()``, run once and only if a comparison needs it (a tree's
+    negative controls, its isolation proof, a proof at the attentions)."""
+    memo = []
+
+    def run():
+        if not memo:
+            memo.append(measure())
+        return memo[0]
+
+    return run
+
+
 class Tally:
     """Comparisons of one property: counts per verdict, worst difference,
     first failure."""

@@ -5,6 +5,7 @@ treespec.audit.movement), and later decode steps give the logits of a cache
 that was only ever fed the paths (bit for bit where the backend is exact,
 within its envelope elsewhere), in every cache mode."""
 
+import functools
 import random
 from typing import List
 
@@ -13,9 +14,10 @@ import numpy as np
 
 from .. import caches
 from ..errors import RollbackRefused, TreeRefused
+from ..evidence.attention_rows import decode_proof
 from ..tree import DraftTree
 from .movement import mismatches, moved, recorded
-from .records import Check, Tally
+from .records import Check, Tally, once
 from .states import (
     CacheMode,
     base_cache,
@@ -91,8 +93,12 @@ def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                                         {"history": hist.label(w), "mode": mode.name,
                                          "committed": committed + [path]})
                 # The reference takes the path as classic decoding would
-                # (one-token steps on a sliding-window ring).
-                ref_rows = classic(model, ref, [tree.tokens[j] for j in path])
+                # (one-token steps on a sliding-window ring); the proof at the
+                # attentions' control, the same with another first token.
+                tokens = [tree.tokens[j] for j in path]
+                branch = clone(ref)
+                classic(model, branch, [(tokens[0] + 1) % v] + tokens[1:])
+                ref_rows = classic(model, ref, tokens)
                 committed.append(path)
                 if r == 0 and verify_differs is None and not mx.array_equal(
                         logits[mx.array(path)], ref_rows).item():
@@ -104,8 +110,15 @@ def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                 for k, chunk in enumerate(chunks):
                     widths.add(len(chunk))
                     env = envelope(s, caches.offset(ours), tuple(widths), mode)
+                    # Where the envelope cannot decide: the caches differ in rows
+                    # only the attentions read (treespec.evidence.attention_rows),
+                    # from the states before this chunk (each forward moves them on).
+                    taught = once(functools.partial(decode_proof, model, clone(ours), clone(ref),
+                                                     [chunk], clone(branch)))
                     a, b = plain(model, ours, chunk), plain(model, ref, chunk)
-                    tally.compare(a, b, {**where, "step": k, "tokens": chunk}, env=env)
+                    plain(model, branch, chunk)
+                    tally.compare(a, b, {**where, "step": k, "tokens": chunk}, env=env,
+                                  attention=taught)
     if linear_only:
         tally.note(f"linear trees only: the adapter refuses branching trees ({linear_only})")
     if tally.refused:

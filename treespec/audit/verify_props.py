@@ -17,7 +17,7 @@ from ..evidence.node_rows import against
 from ..evidence.same_width import width_reason
 from ..errors import TreeRefused
 from ..tree import DraftTree
-from .records import FAIL, PASS, Check, Tally
+from .records import FAIL, PASS, Check, Tally, once
 from .states import (
     CacheMode,
     base_cache,
@@ -110,19 +110,6 @@ def _verify_copy(tally, adapter, tree, base, hist, w, what, refused):
         return None
 
 
-def _once(measure):
-    """``measure()``, run once and only if a comparison needs it (the tree's
-    negative controls; its isolation proof)."""
-    memo = []
-
-    def run():
-        if not memo:
-            memo.append(measure())
-        return memo[0]
-
-    return run
-
-
 def check_tree_verify(s: Subject, mode: CacheMode = CacheMode()) -> Check:
     """Every node's verify row equals the last row of a plain forward over
     that node's root path from a copy of the same cache (contract 6)."""
@@ -166,11 +153,11 @@ def verify_trees(s: Subject, mode: CacheMode, trees: dict):
                 refs, proven = found.rows, proven + 1
             elif found.why:
                 unproven.add(found.why)
-            controls = _once(functools.partial(numerics.controls, model, base, tree, refs))
-            proof = _once(functools.partial(isolation, model, base, tree))
+            controls = once(functools.partial(numerics.controls, model, base, tree, refs))
+            proof = once(functools.partial(isolation, model, base, tree))
             zero = functools.partial(width_reason, model, len(tree))
-            leaked = _once(functools.partial(leak, model, base, tree))
-            taught = None if found.attention is None else _once(found.attention)
+            leaked = once(functools.partial(leak, model, base, tree))
+            taught = None if found.attention is None else once(found.attention)
             for i in range(len(tree)):
                 tally.compare(logits[i], refs[i], {**where, "node": i, "path": tree.path_to(i)},
                               env=env, controls=controls, placement=found.placement, isolation=proof,

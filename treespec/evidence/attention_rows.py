@@ -35,10 +35,10 @@ the verify's too. Then:
    check has the power to see a mask defect.
 
 The same holds one step on, for decoding on after a commit
-(:func:`decode_proof`): one-token steps from the committed cache (the path's
+(:func:`decode_proof`): forwards from the committed cache (the path's
 rows as the n-wide verify computed them) against the same steps from a
 cache fed the path one token at a time. The caches differ in rows only the
-attentions read; the reference's steps, taught the committed steps'
+attentions read; the reference's forwards, taught the committed ones'
 attention outputs, must give their logits bit for bit, each attention
 output within ``ULPS``, and the control (:data:`STALE`: another branch's
 rows in the path's place) must land ``SEPARATION`` x beyond.
@@ -248,50 +248,52 @@ def _proven(proof: AttentionProof) -> Tuple[Optional[AttentionProof], str]:
     return proof, ""
 
 
-def _steps(model, cache, tokens: Sequence[int]) -> mx.array:
-    """The logits of one-token steps over ``tokens`` from a copy of ``cache``."""
+def _forwards(model, cache, calls: Sequence[Sequence[int]]) -> mx.array:
+    """The logits of mlx-lm forwards over each of ``calls`` in turn (one
+    token each: one-token steps), from a copy of ``cache``, rows in order."""
     c = clone(cache)
-    out = mx.stack([model(mx.array([[t]]), cache=c)[0, -1] for t in tokens])
+    out = mx.concatenate([model(mx.array([list(call)]), cache=c)[0] for call in calls])
     mx.eval(out)
     return out
 
 
-def decode_proof(model, cache, reference, tokens: Sequence[int],
+def decode_proof(model, cache, reference, calls: Sequence[Sequence[int]],
                  stale) -> Tuple[Optional[AttentionProof], str]:
-    """(the proof, "") where one-token steps over ``tokens`` from ``cache``
-    (after a commit: the accepted path's rows as the verify computed them)
-    differ from the same steps from ``reference`` (the path fed one token at
-    a time) inside the attentions only, by at most ``ULPS`` units, and the
-    steps from ``stale`` (the control: the path fed one token at a time with
-    its first token replaced, another branch's rows in its place, what a
-    commit of the wrong branch leaves) move an attention output
-    ``SEPARATION`` x further; else (None, why not).
+    """(the proof, "") where forwards over ``calls`` in turn (``[[t] for t in
+    tokens]``: one-token steps) from ``cache`` (after a commit: the accepted
+    path's rows as the n-wide verify computed them) differ from the same
+    forwards from ``reference`` (the path fed one token at a time) inside the
+    attentions only, by at most ``ULPS`` units, and those from ``stale`` (the
+    control: the path fed one token at a time with its first token replaced,
+    another branch's rows in its place, what a commit of the wrong branch
+    leaves) move an attention output ``SEPARATION`` x further; else (None,
+    why not).
 
-    The reference's steps are taught the cache's attention outputs, step by
-    step, so what is left to differ is what only the attentions read: the
-    two caches' rows. Everything else (a recurrent state, say) must give
-    the steps bit for bit."""
+    The reference's forwards are taught the committed forwards' attention
+    outputs, call by call, so what is left to differ is what only the
+    attentions read: the two caches' rows. Everything else (a recurrent
+    state, say) must give the logits bit for bit."""
     sites, why = output_projections(model)
     if not sites:
         return None, why
     with taught(sites) as stands:
-        got = _steps(model, cache, tokens)
-        seen = [list(s.seen) for s in stands]  # per layer, per step
-        if any(len(x) != len(tokens) for x in seen):
-            return None, f"a one-token step does not run each {OUTPUT} once"
+        got = _forwards(model, cache, calls)
+        seen = [list(s.seen) for s in stands]  # per layer, per call
+        if any(len(x) != len(calls) for x in seen):
+            return None, f"a forward does not run each {OUTPUT} once"
         for s, x in zip(stands, seen):
             s.teach(x)
-        if not mx.array_equal(_steps(model, reference, tokens), got).item():
+        if not mx.array_equal(_forwards(model, reference, calls), got).item():
             return None, "the steps differ outside the attentions too"
         worst, at = max(((ulps(a, b), layer) for layer, s in enumerate(stands)
                          for a, b in zip(seen[layer], s.seen)), key=lambda p: p[0],
                         default=(0.0, 0))
         for s in stands:
             s.teach([])
-        _steps(model, stale, tokens)
+        _forwards(model, stale, calls)
         moved = _first_moved(_in_time(seen), _in_time([list(s.seen) for s in stands]))
-    return _proven(AttentionProof(worst, at, moved, STALE, "the same one-token steps from the "
-                                  "cache fed the path one token at a time"))
+    return _proven(AttentionProof(worst, at, moved, STALE, "the same forwards from the cache "
+                                  "fed the path one token at a time"))
 
 
 def _in_time(per_layer: Sequence[Sequence[mx.array]]) -> List[mx.array]:
