@@ -256,9 +256,10 @@ def judge(got: mx.array, want: mx.array, env, controls=None, what: str = "",
 
     ``attention`` (a callable returning (a proof, why not), called only
     where the verdict would otherwise be inconclusive and no leak is shown):
-    treespec.evidence.attention_rows.attention_proof: the rows differ from
-    mlx-lm's forwards of the verify's width inside the attentions only, by
-    one unit in the last place, with a leaked key moving them 10x further.
+    treespec.evidence.attention_rows (``attention_proof``, ``decode_proof``):
+    the two differ inside the attentions only, by one unit in the last place,
+    with a defect (a leaked key, another branch's rows) moving them 10x
+    further.
     The verdict is then within envelope, naming it; else the detail says
     why there is no such proof."""
     what = f"{what}: " if what else ""
