@@ -107,16 +107,17 @@ def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                 where = {"history": hist.label(w), "mode": mode.name, "committed": committed}
                 chunks = [[rng.randrange(v)] for _ in range(2)] + [[rng.randrange(v) for _ in range(3)],
                                                                     [rng.randrange(v)]]
+                # Where the envelope cannot decide: the caches differ in rows only
+                # the attentions read (treespec.evidence.attention_rows); the proof
+                # replays the chunks up to the judged one from the states before
+                # them (each forward below moves the caches on).
+                first = (clone(ours), clone(ref))
                 for k, chunk in enumerate(chunks):
                     widths.add(len(chunk))
                     env = envelope(s, caches.offset(ours), tuple(widths), mode)
-                    # Where the envelope cannot decide: the caches differ in rows
-                    # only the attentions read (treespec.evidence.attention_rows),
-                    # from the states before this chunk (each forward moves them on).
-                    taught = once(functools.partial(decode_proof, model, clone(ours), clone(ref),
-                                                     [chunk], clone(branch)))
+                    taught = once(functools.partial(decode_proof, model, *first, chunks[:k + 1],
+                                                    branch))
                     a, b = plain(model, ours, chunk), plain(model, ref, chunk)
-                    plain(model, branch, chunk)
                     tally.compare(a, b, {**where, "step": k, "tokens": chunk}, env=env,
                                   attention=taught)
     if linear_only:
