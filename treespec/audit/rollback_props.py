@@ -39,6 +39,13 @@ def _rollback_paths(tree: DraftTree, d: int, rng) -> List[int]:
     return tree.path_to(node)
 
 
+def _fed(model, cache, tokens):
+    """``cache`` after the reference's forwards over ``tokens``
+    (treespec.audit.states.classic)."""
+    classic(model, cache, tokens)
+    return cache
+
+
 def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
     """Two rounds of verify + commit of a random root path, each leaving
     exactly the rows the verify wrote; then single- and multi-token decode
@@ -94,10 +101,11 @@ def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                                          "committed": committed + [path]})
                 # The reference takes the path as classic decoding would
                 # (one-token steps on a sliding-window ring); the proof at the
-                # attentions' control, the same with another first token.
+                # attentions' control, the same with another first token, is
+                # fed only if a comparison asks for it.
                 tokens = [tree.tokens[j] for j in path]
-                branch = clone(ref)
-                classic(model, branch, [(tokens[0] + 1) % v] + tokens[1:])
+                branch = once(functools.partial(_fed, model, clone(ref),
+                                                [(tokens[0] + 1) % v] + tokens[1:]))
                 ref_rows = classic(model, ref, tokens)
                 committed.append(path)
                 if r == 0 and verify_differs is None and not mx.array_equal(
@@ -115,8 +123,8 @@ def check_rollback(s: Subject, mode: CacheMode = CacheMode()) -> Check:
                 for k, chunk in enumerate(chunks):
                     widths.add(len(chunk))
                     env = envelope(s, caches.offset(ours), tuple(widths), mode)
-                    taught = once(functools.partial(decode_proof, model, *first, chunks[:k + 1],
-                                                    branch))
+                    taught = once(lambda calls=chunks[:k + 1], first=first, stale=branch:
+                                  decode_proof(model, *first, calls, stale()))
                     a, b = plain(model, ours, chunk), plain(model, ref, chunk)
                     tally.compare(a, b, {**where, "step": k, "tokens": chunk}, env=env,
                                   attention=taught)
