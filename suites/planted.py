@@ -32,6 +32,7 @@ import pytest
 
 from treespec.evidence import gate, numerics
 from treespec import rows, zoo
+from treespec.mixers import set_slot
 
 FAIL, DECLINED = "FAIL", "declined"
 
@@ -44,14 +45,26 @@ BITS = {mx.bfloat16: mx.uint16, mx.float16: mx.uint16, mx.float32: mx.uint32}
 
 
 def bit_steps(x: mx.array, index: tuple, k: int) -> mx.array:
-    """A copy of ``x`` with the element at ``index`` moved ``k`` steps of its
-    dtype's bit pattern (k units in the last place within a binade, away from
-    zero for k > 0): a difference exact in any float dtype, never rounded
-    away."""
-    out = mx.array(x)
-    moved = mx.view(x[index].reshape(1), BITS[x.dtype]) + k
-    out[index] = mx.view(moved, x.dtype)[0]
+    """A copy of ``x`` with the elements at ``index`` (an element or a slice)
+    moved ``k`` steps of their dtype's bit pattern (k units in the last place
+    within a binade, away from zero for k > 0): a difference exact in any
+    float dtype, never rounded away."""
+    out, part = mx.array(x), x[index]
+    moved = mx.view(part.reshape(-1), BITS[x.dtype]) + k
+    out[index] = mx.view(moved, x.dtype).reshape(part.shape)
     return out
+
+
+@contextmanager
+def stood_in(container, key, make: Callable):
+    """``make(module)`` in place of ``container[key]`` for the block (a planted
+    defect in one module of a model), the module back however the block ends."""
+    inner = container[key]
+    set_slot(container, key, make(inner))
+    try:
+        yield
+    finally:
+        set_slot(container, key, inner)
 
 
 @dataclass(frozen=True)

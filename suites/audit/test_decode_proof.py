@@ -11,13 +11,12 @@ gemma3_text bfloat16 model of suites/verify/test_same_width.py, whose
 envelope leaves its controls short of 10x the bound."""
 
 import pytest
-from suites.planted import bit_steps, shape_dependent
+from suites.planted import bit_steps, shape_dependent, stood_in
 from suites.verify import helpers
 from treespec.audit import runner
 from treespec.audit.subject import Subject
 from treespec.evidence import numerics
 from treespec.evidence.attention_rows import STALE
-from treespec.mixers import set_slot
 from treespec.standin import StandIn
 from treespec.verify import TreeAdapter, adapter_for
 
@@ -36,25 +35,18 @@ class Rounded(StandIn):
 
     def __call__(self, x):
         out = self.inner(x)
-        for t in range(out.shape[1] if out.shape[1] > 1 else 0):
-            out = bit_steps(out, (0, t, 0), self.k)
-        return out
+        return bit_steps(out, (0, slice(None), 0), self.k) if out.shape[1] > 1 else out
 
 
 def rounding_verify(layer: int, k: int):
     """An adapter whose verify runs with ``layer``'s value projection
     :class:`Rounded`."""
-    what = "v_proj"
 
     class Planted(TreeAdapter):
         def verify_handle(self, tree, cache, *args, **kw):
-            attn = self.model.layers[layer].self_attn
-            inner = attn[what]
-            set_slot(attn, what, Rounded(inner, k))
-            try:
+            with stood_in(self.model.layers[layer].self_attn, "v_proj",
+                          lambda inner: Rounded(inner, k)):
                 return super().verify_handle(tree, cache, *args, **kw)
-            finally:
-                set_slot(attn, what, inner)
     return Planted
 
 

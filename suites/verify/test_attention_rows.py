@@ -20,13 +20,12 @@ fails."""
 import mlx.core as mx
 import pytest
 
-from suites.planted import bit_steps, shape_dependent
+from suites.planted import bit_steps, shape_dependent, stood_in
 from suites.verify import helpers
 from treespec.evidence import numerics
 from treespec.evidence.attention_rows import LEAKED, ULPS, attention_proof, output_projections, ulps
 from treespec.evidence.controls import clone, leaked_node_verifier
 from treespec.evidence.same_width import padded_rows
-from treespec.mixers import set_slot
 from treespec.standin import StandIn
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
@@ -66,12 +65,8 @@ def moved_verify(model, units: int, layer: int):
     real = adapter_for(model).verify
 
     def verify(tree, cache):
-        inner = container[key]
-        set_slot(container, key, Moved(inner, units))
-        try:
+        with stood_in(container, key, lambda inner: Moved(inner, units)):
             return real(tree, cache)
-        finally:
-            set_slot(container, key, inner)
     return verify
 
 
