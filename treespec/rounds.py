@@ -70,6 +70,12 @@ def classic(target, prompt: Sequence[int], max_tokens: int, eos_token_ids=None,
         out.append(int(tok))
         if out[-1] in eos:
             break
+    # generate_step evaluates one forward ahead, on its own stream: when the loop
+    # ends (max_tokens or EOS) that forward may still be running. Return only
+    # after it: the caller's next forward would run beside it, and a sharded
+    # target's all-reduces of the two would pair across ranks by arrival
+    # (docs/distributed.md#why-the-ranks-can-drift).
+    mx.synchronize(generation_stream)
     stats.time_ms["verify"] = (time.perf_counter() - t0) * 1e3
     stats.rounds = stats.emitted = len(out)
     return Result(out, stats)

@@ -49,11 +49,10 @@ def launcher() -> str:
 # ephemeral range (32768 up), walked in turn. A port the OS hands out (a bind
 # to port 0) and released is free for a parallel worker to be handed too, or
 # its neighbour: two launches could then listen on one port and their ranks
-# meet. Seen once, cause not established: a CI run (2 workers) where one
-# sharded launch's rank declined its probe ("1 of 4 shapes differ ... 5.66,
-# first at M=1") and the two ranks' reports differed; the same tests passed in
-# the runs before. A meeting of two launches is one way to get that; this
-# block rules it out, not the others (the ranks' probes out of step, issue 45).
+# meet. (A CI run where one sharded launch's probe "found" 5.66 at M=1 and the
+# ranks' reports differed was first blamed on that; a later one, 7.1 and 6.64,
+# had another cause: classic decoding's forward left running beside the probe,
+# docs/distributed.md#why-the-ranks-can-drift, test_classic_drained.py.)
 PORT_BASE, PORT_BLOCK = 20000, 150
 _turn = itertools.count()
 

@@ -7,16 +7,17 @@ only ever saw the accepted path, and the texts of classic, chain and tree
 decoding (rank check on). It compares nothing itself: the tests do.
 
 SPEC: family, dtype, how ("tensor" | "pipeline" | "none"), checks (subset of
-verify, rollback, text, unsharded), memo ({rank: dir}: each rank's gate memo),
+verify, rollback, text, unsharded, drained), memo ({rank: dir}: each rank's gate memo),
 max_tokens, modes (of chain, fixed, confidence), prompts (how many), plain_gate
 (decode with the library's default gate name, as a run that did not say it is
-sharded: what stores a verdict in the memo). The memo dirs are set before
-treespec is imported.
+sharded: what stores a verdict in the memo), repeats and pause_s (of drained).
+The memo dirs are set before treespec is imported.
 """
 
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 SPEC = json.loads(Path(sys.argv[1]).read_text())
@@ -140,6 +141,24 @@ def texts(target, draft, prompt, check):
     return out
 
 
+def drained(target, prompt):
+    """Classic decoding, then at once one all-sum of a marker (rank r sends
+    r + 1), ``repeats`` times, ending at max_tokens and at an EOS in turn;
+    rank 1 waits ``pause_s`` before its all-sum, so that a forward classic
+    left running on rank 0 would meet rank 1's marker. The sums, as lists."""
+    g = mx.distributed.init()
+    first = decode(target, prompt, mode="classic", max_tokens=2).tokens[0]
+    sums = []
+    for i in range(SPEC.get("repeats", 8)):
+        eos = [first] if i % 2 else None  # odd repeats stop at the first token
+        decode(target, prompt, mode="classic", max_tokens=8, eos_token_ids=eos)
+        if g.rank() == 1:
+            time.sleep(SPEC.get("pause_s", 0.05))
+        marker = mx.full((1, 1, target.args.hidden_size), float(g.rank() + 1))
+        sums.append(np.array(mx.distributed.all_sum(marker, group=g)).ravel().tolist())
+    return sums
+
+
 def main():
     target = model()
     tok = zoo.tokenizer()
@@ -158,6 +177,8 @@ def main():
         draft = zoo.drafter(SPEC["family"], SPEC.get("dtype", "float32"))
         report["text"] = [texts(target, draft, p, check)
                           for p in prompts[:SPEC.get("prompts", len(prompts))]]
+    if "drained" in checks:
+        report["drained"] = drained(target, prompts[0])
     if "unsharded" in checks:  # the same logits unsharded, for the measured difference
         whole = zoo.build(SPEC["family"], SPEC.get("dtype", "float32"))
         a = make_prompt_cache(target)
