@@ -6,7 +6,7 @@ import statistics
 import time
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, generation_stream
 
 from ..decoding import decode
 from ..draft import ChainDrafter, ConfidenceDrafter, FixedTreeDrafter, fixed_shape
@@ -38,6 +38,9 @@ def calibrate(target, draft_model, prompts, specs, max_tokens, repeats, eos, log
                 text.append(int(tok))
                 if text[-1] in eos_set:
                     break
+            # generate_step's look-ahead forward may still run: let it end here,
+            # untimed, not inside the next configuration's timing.
+            mx.synchronize(generation_stream)
             return {"tokens": len(stamps), "wall": stamps[-1] - t0,
                     "steady": stamps[-1] - stamps[0], "steps": len(stamps) - 1, "text": text}
         if spec["kind"] == "chain":
