@@ -63,7 +63,7 @@ import numpy as np
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from suites.families.helpers_models import maxdiff, build, forward, latent
-from treespec.evidence import numerics
+from treespec.evidence import node_rows, numerics
 from treespec.audit.movement import mismatches, moved, recorded
 from treespec.caches import leaves
 from treespec.errors import RollbackRefused, TreeRefused
@@ -91,7 +91,8 @@ class Outcome:
     notes: List[str] = field(default_factory=list)
     unmoved: str = ""  # a commit that kept other rows than the verify wrote, and where
     model: object = field(default=None, repr=False)
-    # per history: (label, context, cache before the verify, verify rows, references)
+    # per history: (label, context, cache before the verify, verify rows, references,
+    # the verify that gave the rows)
     judged: list = field(default_factory=list, repr=False)
 
     def line(self) -> str:
@@ -121,7 +122,7 @@ def _check_history(model, adapter, prompt, tree, decode) -> dict:
             # mlx-lm's multi-token forward and that differs from the steps
             plain = forward(model, copy.deepcopy(before), path)[-1]
             plain_ok[i] = maxdiff(plain, rows[i]) == 0.0 and maxdiff(plain, ref) > 0
-    res = {"diffs": diffs, "judged": (before, rows, mx.stack(refs)), "wrapped": any(
+    res = {"diffs": diffs, "judged": (before, rows, mx.stack(refs), adapter.verify), "wrapped": any(
         type(c) is RotatingKVCache and c.offset >= c.max_size for _, c in leaves(before))}
     if diffs[0]:
         two = forward(model, copy.deepcopy(before), [tree.tokens[0], tree.tokens[1]])[0]
@@ -259,19 +260,21 @@ def run(name: str, factory: Callable = adapter_for, model=None) -> Outcome:
 def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
     """The family's verify rows from both histories against the sweep's own
     references (classic decoding over each node's root path), both as
-    :func:`run` computed them, judged by
-    suites/verify's rule against this backend's envelope (treespec.evidence.numerics),
-    the worse of the two histories. For a backend that is not bit-exact,
-    where comparing bit for bit says nothing.
+    :func:`run` computed them, judged as suites/verify judges its trees
+    (treespec.evidence.node_rows.verdict: the same-width forwards, then the
+    backend's envelope with the proof at the attentions), the worse of the two
+    histories. For a backend that is not bit-exact, where comparing bit for
+    bit says nothing.
 
     The negative controls are numerics' (treespec.evidence.numerics.control_rows:
     flattened positions, a causal mask, a leaked sibling, the tree through
     the unmodified recurrence; those this model can express)."""
     model, verdicts = outcome.model, []
     tree = _inputs()[1]
-    for label, context, before, rows, refs in outcome.judged:
+    for label, context, before, rows, refs, verify in outcome.judged:
         env = lambda n=context: numerics.envelope(model, n, numerics.widths_of(tree, 2))
         controls = lambda b=before, r=refs: numerics.controls(model, b, tree, r)
-        verdicts.append(numerics.judge(rows, refs, env, controls,
-                                       what=f"{label} history, node rows vs classic decoding"))
+        verdicts.append(node_rows.verdict(
+            model, before, tree, rows, refs, env, controls,
+            f"{label} history, node rows vs classic decoding", verify=verify))
     return numerics.worst(verdicts)

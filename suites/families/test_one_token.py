@@ -6,7 +6,7 @@ history the tree's nodes at depth 2 and 3 take another scale than its root.
 Each node's row must be the whole model's one-token step after its root path
 (classic decoding): bit for bit where the backend is exact, elsewhere within
 the backend's measured envelope with the negative controls separating
-(treespec.evidence.numerics.judge, suites/verify's rule), else inconclusive with the
+(treespec.evidence.node_rows.verdict, suites/verify's rule), else inconclusive with the
 figures."""
 
 import copy
@@ -20,7 +20,7 @@ from suites.families import helpers as H
 from suites.families import helpers_models as M
 from suites.helpers_numerics import exact_backend
 from suites.verdict import expect
-from treespec.evidence import numerics
+from treespec.evidence import node_rows, numerics
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
 
@@ -35,7 +35,8 @@ def test_a_per_position_scale_reaches_each_node_as_its_step_sees_it():
     cache = make_prompt_cache(model)
     M.forward(model, cache, prompt, stepped=False)
     before = copy.deepcopy(cache)
-    rows = adapter_for(model).verify(tree, cache)
+    verify = adapter_for(model).verify
+    rows = verify(tree, cache)
     mx.eval(rows)
     refs = mx.stack([M.forward(model, copy.deepcopy(before),
                                [tree.tokens[j] for j in tree.path_to(i)], whole=True)[-1]
@@ -45,5 +46,6 @@ def test_a_per_position_scale_reaches_each_node_as_its_step_sees_it():
         assert diffs == [0.0] * len(tree), diffs
     env = lambda: numerics.envelope(model, len(prompt), numerics.widths_of(tree, 2))
     controls = lambda: numerics.controls(model, before, tree, refs)
-    expect(numerics.judge(rows, refs, env, controls, what="node rows vs classic decoding"),
+    expect(node_rows.verdict(model, before, tree, rows, refs, env, controls,
+                             "node rows vs classic decoding", verify=verify),
            H.CONTRACT, "mistral4")

@@ -3,7 +3,7 @@ root-path references (one-token steps on a sliding-window ring), and the asserti
 fingerprints, plain forwards and the rotated-keys test are the audit's own
 (treespec.audit.states), so the suite and ``treespec audit`` measure alike."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Optional
@@ -16,12 +16,12 @@ import pytest
 from suites.helpers_numerics import model_label, require_sound
 from suites.verdict import VERIFY, expect
 from treespec import caches, zoo
-from treespec.evidence import numerics
+from treespec.evidence import node_rows, numerics
 from treespec.backend import row_kernels
 from treespec.backend.census import Row, census
 from treespec.backend.census_position import position_census
 from treespec.evidence.isolation import isolation, leak
-from treespec.evidence.node_rows import against
+from treespec.evidence import node_rows
 from treespec.evidence.same_width import width_reason
 from treespec.audit.states import (
     CacheMode,
@@ -190,22 +190,14 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     kv_bits, kv_group = kv or (None, None)
     env = lambda: numerics.envelope(model, context, numerics.widths_of(tree, 2), kv_bits, kv_group)
     # The same root-path forwards at the verify's width may still match bit for
-    # bit: proven on any backend, no envelope needed; a difference is judged
-    # below, with what those references found (treespec.evidence.node_rows).
-    found = against(model, before, tree, logits, refs, env, measure, verify)
-    if found.proven:
-        return numerics.Verdict(numerics.BIT_EXACT, 0.0, detail=(
-            f"{found.proven} ({max_abs_diff(logits, refs):.3g} from the root-path forwards of "
-            "their own widths: the backend's width dependence)"))
+    # bit: proven on any backend, no envelope needed; a difference is judged,
+    # with what those references found (treespec.evidence.node_rows).
     controls = lambda: numerics.controls(model, before, tree, refs)
-    proof = lambda: isolation(model, before, tree)  # noqa: E731
-    verdict = numerics.judge(logits, refs, env, controls, what="node rows vs root-path forwards",
-                             placement=found.placement, isolation=proof,
+    return node_rows.verdict(model, before, tree, logits, refs, env, controls,
+                             "node rows vs root-path forwards", measure, verify,
+                             isolation=lambda: isolation(model, before, tree),
                              census=lambda: width_reason(model, len(tree), width_measure),
-                             leak=lambda: leak(model, before, tree), attention=found.attention)
-    if found.why and verdict.word != numerics.BIT_EXACT:
-        verdict = replace(verdict, detail="; ".join(x for x in (verdict.detail, found.why) if x))
-    return verdict
+                             leak=lambda: leak(model, before, tree))
 
 
 def assert_rows_are_root_path_forwards(model, before, tree, logits, kv=None, mode=""):

@@ -13,9 +13,13 @@ tree-verify row): one sequence, so a reference added here reaches both.
    same-width reference exists but differs, the proof at the attentions
    (treespec.evidence.attention_rows) for judge to try where it would
    otherwise be inconclusive.
+
+:func:`verdict` is that whole sequence as one verdict on all the rows (the
+suites' root-path and family verdicts); the audit judges node by node with
+:func:`against`'s findings.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import mlx.core as mx
@@ -25,8 +29,9 @@ from ..tree import DraftTree
 from ..verify import adapter_for
 from .attention_rows import attention_proof
 from .same_width import position_reason, same_width_rows, time_ordered_rows
+from .verdicts import BIT_EXACT, Verdict, judge
 
-__all__ = ["Against", "against"]
+__all__ = ["Against", "against", "verdict"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +67,25 @@ def against(model, before, tree: DraftTree, logits: mx.array, refs: mx.array, en
     verify = verify or adapter_for(model).verify
     return Against(placement=placement, why=why, attention=lambda: attention_proof(
         model, before, tree, logits, verify, wrapped=bool(how)))
+
+
+def verdict(model, before, tree: DraftTree, logits: mx.array, refs: mx.array, env, controls,
+            what: str, measure=position_census, verify: Optional[Callable] = None,
+            **evidence) -> Verdict:
+    """All of ``logits``' rows judged after :func:`against` (same arguments):
+    bit-exact where they equal classic decoding's ``refs`` or the same-width
+    forwards, else :func:`~treespec.evidence.verdicts.judge` against ``env``
+    with ``controls``, the ring's placement and the proof at the attentions,
+    and why no same-width proof held appended to any verdict short of
+    bit-exact. ``evidence``: judge's other hooks (isolation, census, leak)."""
+    found = against(model, before, tree, logits, refs, env, measure, verify)
+    if found.proven:
+        moved = mx.max(mx.abs(logits.astype(mx.float32) - refs.astype(mx.float32))).item()
+        return Verdict(BIT_EXACT, 0.0, detail=(
+            f"{found.proven} ({moved:.3g} from classic decoding's rows, the forwards of their own "
+            "widths: the backend's width dependence)"))
+    out = judge(logits, refs, env, controls, what=what, placement=found.placement,
+                attention=found.attention, **evidence)
+    if found.why and out.word != BIT_EXACT:
+        out = replace(out, detail="; ".join(x for x in (out.detail, found.why) if x))
+    return out
