@@ -10,6 +10,9 @@ for by name. ``temperature > 0`` samples, exactly in law (treespec.sampling).
 import warnings
 from typing import Optional, Sequence
 
+import mlx.core as mx
+from mlx_lm.generate import generation_stream
+
 from . import caches, checks, kv_options as kv_caches
 from .backend.cuda import warn_if_cudnn_attention
 from .draft import Drafter, make_drafter
@@ -124,6 +127,12 @@ def decode(target, prompt: Sequence[int], mode: str = "classic", draft_model=Non
                 walker=greedy(walk) if walk is not None else None)
     if drafter is not None and drafter.reads_hidden and draft_head is None:
         raise OptionError("drafter: a HeadDrafter drafts from a head; give it as draft_head")
+    # A forward the caller left running on mlx-lm's generation stream (its
+    # generate_step evaluates one ahead: mlx_lm.generate returns with it in
+    # flight) ends before this run's first: on a sharded target the two
+    # forwards' all-reduces would otherwise pair across ranks by arrival
+    # (docs/distributed.md#why-the-ranks-can-drift).
+    mx.synchronize(generation_stream)
     if options.sampled:  # decode_sampled checks a head against the target itself
         if walk is not None:
             raise OptionError("walk= is the greedy accept walk; at temperature > 0 the "

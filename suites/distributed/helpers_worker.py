@@ -27,6 +27,7 @@ if SPEC.get("memo"):
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
+from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache  # noqa: E402
 
 from treespec import DraftTree, zoo  # noqa: E402
@@ -141,22 +142,36 @@ def texts(target, draft, prompt, check):
     return out
 
 
-def drained(target, prompt):
-    """Classic decoding, then at once one all-sum of a marker (rank r sends
-    r + 1), ``repeats`` times, ending at max_tokens and at an EOS in turn;
-    rank 1 waits ``pause_s`` before its all-sum, so that a forward classic
-    left running on rank 0 would meet rank 1's marker. The sums, as lists."""
+def drained(target, draft, prompt):
+    """What runs first after a forward left running on mlx-lm's generation
+    stream, ``repeats`` times in turn: after treespec's classic decoding
+    (stopped at max_tokens, then at an EOS) one all-sum of a marker (rank r
+    sends r + 1); after mlx-lm's own ``generate_step`` (which returns with its
+    look-ahead forward in flight) treespec's chain decoding, then the marker.
+    Rank 1 waits ``pause_s`` first, so that a forward left running on rank 0
+    would meet rank 1's next collective. Per repeat: what ran before, the
+    marker's sums, mlx-lm's tokens and the chain's tokens and gate reason (or
+    None)."""
     g = mx.distributed.init()
     first = decode(target, prompt, mode="classic", max_tokens=2).tokens[0]
-    sums = []
-    for i in range(SPEC.get("repeats", 8)):
-        eos = [first] if i % 2 else None  # odd repeats stop at the first token
-        decode(target, prompt, mode="classic", max_tokens=8, eos_token_ids=eos)
+    out = []
+    for i in range(SPEC.get("repeats", 9)):
+        before, chain, classic = ("max_tokens", "eos", "mlx-lm")[i % 3], None, None
+        if before == "mlx-lm":
+            classic = [int(t) for t, _ in generate_step(mx.array(prompt), target, max_tokens=8)]
+        else:
+            decode(target, prompt, mode="classic", max_tokens=8,
+                   eos_token_ids=[first] if before == "eos" else None)
         if g.rank() == 1:
             time.sleep(SPEC.get("pause_s", 0.05))
+        if before == "mlx-lm":
+            r = decode(target, prompt, mode="chain", draft_model=draft, max_tokens=8,
+                       **dist.decode_kwargs(None))
+            chain = {"tokens": r.tokens, "gate": r.stats.summary()["gate"]["reason"]}
         marker = mx.full((1, 1, target.args.hidden_size), float(g.rank() + 1))
-        sums.append(np.array(mx.distributed.all_sum(marker, group=g)).ravel().tolist())
-    return sums
+        out.append({"before": before, "chain": chain, "classic": classic,
+                    "sums": np.array(mx.distributed.all_sum(marker, group=g)).ravel().tolist()})
+    return out
 
 
 def main():
@@ -178,7 +193,8 @@ def main():
         report["text"] = [texts(target, draft, p, check)
                           for p in prompts[:SPEC.get("prompts", len(prompts))]]
     if "drained" in checks:
-        report["drained"] = drained(target, prompts[0])
+        report["drained"] = drained(target, zoo.drafter(SPEC["family"], SPEC.get("dtype", "float32")),
+                                    prompts[0])
     if "unsharded" in checks:  # the same logits unsharded, for the measured difference
         whole = zoo.build(SPEC["family"], SPEC.get("dtype", "float32"))
         a = make_prompt_cache(target)
