@@ -23,6 +23,7 @@ from suites.verdict import E2E, expect
 from treespec import caches, zoo
 from treespec.backend.census import census, row_width
 from treespec.checkpoints import default_pair
+from treespec.cli.rows import chunks_plan
 from treespec.cli.main import main
 from treespec.decoding import decode, detokenize
 
@@ -81,6 +82,31 @@ def test_the_row_invariant_verify_decodes_mlx_lms_text_through_its_own_gate():
     assert d["verify"] == "rows"
     family, dtype = model_label(target)
     expect(gate_verdict(d["gate"], d["mode"], "tree"), E2E, family, f"{dtype} rows")
+
+
+@pytest.mark.exactness
+def test_the_chunked_verify_decodes_mlx_lms_text_through_its_own_gate():
+    """--verify chunks on the zoo's float32 llama (whose products OpenBLAS
+    keeps for 3 rows, so the flat verify is declined from 4): a chain of 6
+    nodes a round, mlx-lm's text, the chunk width the census of its own
+    shapes gives (measured here) said on stderr, and the gate's verdict on
+    the chunked verify recorded (exact wherever that verify is:
+    suites/verify/test_row_chunks.py)."""
+    target_dir, draft_dir = zoo.checkpoint("llama"), zoo.drafter_checkpoint("llama")
+    prompt = "def f(x):"
+    run = run_cli("--model", str(target_dir), "--draft-model", str(draft_dir), "--json",
+                  "--max-tokens", "24", "--mode", "chain", "--block", "6", "--verify", "chunks",
+                  "--prompt", prompt)
+    assert run.returncode == 0, run.stderr
+    target, tokenizer = mlx_lm.load(str(target_dir))
+    out = json.loads(run.stdout)
+    assert out["text"] == mlx_lm.generate(target, tokenizer, prompt=prompt, max_tokens=24)
+    d = out["diagnostics"]
+    assert d["verify"] == "chunks"
+    plan = chunks_plan(target, 5, False)
+    assert f"linear layers in calls of at most {plan.width} rows" in run.stderr, run.stderr
+    family, dtype = model_label(target)
+    expect(gate_verdict(d["gate"], d["mode"], "chain"), E2E, family, f"{dtype} chunks")
 
 
 def test_tree_mode_with_checkpoint_paths_prints_text_then_diagnostics(tmp_path):

@@ -275,6 +275,6 @@ def envelope_verdict(outcome: Outcome) -> numerics.Verdict:
         env = lambda n=context: numerics.envelope(model, n, numerics.widths_of(tree, 2))
         controls = lambda b=before, r=refs: numerics.controls(model, b, tree, r)
         verdicts.append(node_rows.verdict(
-            model, before, tree, rows, refs, env, controls,
-            f"{label} history, node rows vs classic decoding", verify=verify))
+            model, before, tree, rows, refs, env, f"{label} history, node rows vs classic decoding",
+            verify=verify, controls=controls))
     return numerics.worst(verdicts)

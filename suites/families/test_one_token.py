@@ -46,6 +46,6 @@ def test_a_per_position_scale_reaches_each_node_as_its_step_sees_it():
         assert diffs == [0.0] * len(tree), diffs
     env = lambda: numerics.envelope(model, len(prompt), numerics.widths_of(tree, 2))
     controls = lambda: numerics.controls(model, before, tree, refs)
-    expect(node_rows.verdict(model, before, tree, rows, refs, env, controls,
-                             "node rows vs classic decoding", verify=verify),
+    expect(node_rows.verdict(model, before, tree, rows, refs, env, "node rows vs classic decoding",
+                             verify=verify, controls=controls),
            H.CONTRACT, "mistral4")

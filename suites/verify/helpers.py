@@ -193,8 +193,8 @@ def root_path_verdict(model, before, tree, logits, kv=None,
     # bit: proven on any backend, no envelope needed; a difference is judged,
     # with what those references found (treespec.evidence.node_rows).
     controls = lambda: numerics.controls(model, before, tree, refs)
-    return node_rows.verdict(model, before, tree, logits, refs, env, controls,
-                             "node rows vs root-path forwards", measure, verify,
+    return node_rows.verdict(model, before, tree, logits, refs, env,
+                             "node rows vs root-path forwards", measure, verify, controls=controls,
                              isolation=lambda: isolation(model, before, tree),
                              census=lambda: width_reason(model, len(tree), width_measure),
                              leak=lambda: leak(model, before, tree))

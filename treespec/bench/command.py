@@ -6,6 +6,7 @@ import sys
 import time
 
 from ..auto import choose as auto
+from ..backend.row_chunks import RowChunks
 from . import head_rows, scaled
 from .measure import (PROMPTS, BenchOptions, auto_config, bench, build_configs,
                       describe_choice)
@@ -21,7 +22,8 @@ from ..errors import OptionError, TreeRefused, UsageError
 from ..models import n_params
 from ..options import KVOptions, Spelling
 from ..cli.process import prepare
-from ..verify import adapter_for
+from ..cli.rows import chunks_plan
+from ..verify import adapter_for, chunks_name
 
 CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 
@@ -147,13 +149,19 @@ def cmd_bench(args) -> int:
     for mode in args.verify:
         if mode == "flat":
             continue
+        kernels, name = mode == "kernels", None
+        if mode == "chunks":  # the width the census measures for the largest row's round
+            nodes = max([c.budget for c in configs if c.verify == mode] or [1])
+            width = chunks_plan(target, nodes, allow_inexact=True).width
+            kernels, name = RowChunks(width), chunks_name(width)
+            say(f"--verify chunks: linear layers in calls of at most {width} rows")
         try:
-            adapter = adapter_for(target, rows=True, kernels=mode == "kernels")
+            adapter = adapter_for(target, rows=True, kernels=kernels)
         except TreeRefused as e:
             raise UsageError(f"--verify {mode}: {e}")
         for c in configs:
             if c.verify == mode:
-                c.adapter = adapter
+                c.adapter, c.adapter_name = adapter, name
     if args.batch_levels:
         why = batch_levels_refusal(draft, KVOptions(), Spelling({}))
         if why is not None:

@@ -77,9 +77,11 @@ class Config:
     # Tests substitute a runner: (target, draft, prompt, max_tokens, eos) -> Run.
     runner: Optional[Callable] = None
     shapes: Optional[list] = None  # probe shapes override (tests)
-    # "rows"/"kernels": treespec.verify.row_invariant's adapters, set once the target is built
+    # "rows"/"kernels"/"chunks": treespec.verify.row_invariant's adapters, set once the
+    # target is built; adapter_name: its gate memo name where the mode's is not enough
     verify: str = "flat"
     adapter: Any = None
+    adapter_name: Optional[str] = None
     draft_prefill = True  # the draft model prefills the prompt (a head does not)
 
     @property
@@ -117,7 +119,8 @@ class Config:
         probe of it is never the flat verify's memoized verdict)."""
         if self.verify == "flat":
             return {}
-        return {"adapter": self.adapter, "adapter_name": MEMO_NAMES[self.verify]}
+        return {"adapter": self.adapter,
+                "adapter_name": self.adapter_name or MEMO_NAMES[self.verify]}
 
     def drafter(self):
         if self.kind == "mlx-lm":

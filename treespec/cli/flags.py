@@ -78,11 +78,11 @@ def parse_dims(text: str) -> Tuple[int, int]:
     return hidden, layers
 
 
-VERIFY_MODES = ("flat", "rows", "kernels")
+VERIFY_MODES = ("flat", "rows", "kernels", "chunks")
 
 
 def parse_verify(text: str) -> Tuple[str, ...]:
-    """``flat``, ``rows``, ``kernels`` or a comma list: the verify modes
+    """``flat``, ``rows``, ``kernels``, ``chunks`` or a comma list: the verify modes
     (treespec.verify.row_invariant), each once, in the order given."""
     modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
     bad = [m for m in modes if m not in VERIFY_MODES]

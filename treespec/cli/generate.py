@@ -16,6 +16,7 @@ import warnings
 from ..auto.choose import ChooseOptions, choose
 from ..auto.predict import decode_kwargs as auto_kwargs
 from ..backend.blas import describe, detect
+from ..backend.row_chunks import RowChunks
 from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from ..decoding import check, decode, detokenize
 from ..distributed import group as dist, shard
@@ -25,8 +26,8 @@ from .generate_args import chosen as auto_options, decode_kwargs
 from ..models import PositionWarning
 from .process import prepare
 from .startup import settings
-from ..verify import MEMO_NAMES, adapter_for
-from .rows import rows_cap
+from ..verify import MEMO_NAMES, adapter_for, chunks_name
+from .rows import chunks_plan, rows_cap
 
 
 def encode_prompt(tokenizer, text: str, ignore_chat_template: bool = False):
@@ -159,14 +160,24 @@ def cmd_generate(args) -> int:
         options = auto_options(options, auto_kwargs(chosen))
     kwargs = decode_kwargs(options)
     if args.verify != "flat":
+        plan = (chunks_plan(target, options.draft_nodes(), options.allow_inexact)
+                if args.verify == "chunks" else None)
         try:
-            kwargs.update(adapter=adapter_for(target, rows=True, kernels=args.verify == "kernels"),
-                          adapter_name=MEMO_NAMES[args.verify])
+            kernels = (RowChunks(plan.width) if plan is not None
+                       else args.verify == "kernels")
+            kwargs.update(adapter=adapter_for(target, rows=True, kernels=kernels),
+                          adapter_name=(chunks_name(plan.width) if plan is not None
+                                        else MEMO_NAMES[args.verify]))
         except TreeRefused as e:
             raise UsageError(f"--verify {args.verify}: {e}")
         cap = None
         if args.verify == "rows":
             cap = rows_cap(target, options.draft_nodes(), options.allow_inexact)
+        elif plan is not None:
+            cap = plan.cap
+            if say:
+                print(f"note: --verify chunks: linear layers in calls of at most {plan.width} "
+                      f"rows{f' ({plan.why})' if plan.why else ''}", file=sys.stderr)
         else:  # kernels: the census's linear rows are MLX's, not the kernels'; no cap (the
             # gate measures the verify at each round's width either way)
             left = kwargs["adapter"].covered()
@@ -177,8 +188,8 @@ def cmd_generate(args) -> int:
         if cap is not None:
             kwargs["max_nodes"], why = cap
             if say:
-                print(f"note: --verify rows: rounds verify at most {cap[0]} nodes, the most "
-                      f"this backend keeps a row's bits for ({why})", file=sys.stderr)
+                print(f"note: --verify {args.verify}: rounds verify at most {cap[0]} nodes, the "
+                      f"most this backend keeps a row's bits for ({why})", file=sys.stderr)
     if group is not None:
         kwargs.update(dist.decode_kwargs(ranks))
     with warnings.catch_warnings(record=True) as caught:

@@ -119,8 +119,10 @@ def add_parser(sub):
                    help="how the target verifies a round: flat (one forward over the flattened "
                    "tree, default), rows (the row-invariant verify: every node's attention "
                    "over exactly its own keys, what a one-token step computes; "
-                   "docs/verify.md#the-row-invariant-verify) or kernels (rows, its linear layers "
-                   "computed by CUDA kernels in the one-row kernels' order, the weights read once)")
+                   "docs/verify.md#the-row-invariant-verify), kernels (rows, its linear layers "
+                   "computed by CUDA kernels in the one-row kernels' order, the weights read once) "
+                   "or chunks (rows, its linear layers in calls of at most the rows the census "
+                   "measures this backend's products keep: any backend)")
     g.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",
                    help="CPU BLAS: re-executes with Debian's OpenBLAS preloaded, or without it")
     add_device_flag(g)

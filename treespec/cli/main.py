@@ -81,7 +81,9 @@ def add_bench_parser(sub):
                    help="verify modes of the chain, fixed and confidence rows, side by side: "
                    "flat (one forward over the flattened tree), rows (the row-invariant "
                    "verify: attention node by node over its own keys), kernels (rows with "
-                   "its linears in CUDA row kernels), or a comma list such as flat,rows")
+                   "its linears in CUDA row kernels), chunks (rows with its linears in calls "
+                   "of the rows the census measures the products keep), or a comma list "
+                   "such as flat,rows")
     p.add_argument("--alpha", type=float, default=0.3,
                    help="--scaled: damping of the layers the drafter lacks (sets acceptance)")
     p.add_argument("--blas", choices=("auto", "reference", "openblas"), default="auto",

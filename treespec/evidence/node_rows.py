@@ -69,22 +69,21 @@ def against(model, before, tree: DraftTree, logits: mx.array, refs: mx.array, en
         model, before, tree, logits, verify, wrapped=bool(how)))
 
 
-def verdict(model, before, tree: DraftTree, logits: mx.array, refs: mx.array, env, controls,
-            what: str, measure=position_census, verify: Optional[Callable] = None,
-            **evidence) -> Verdict:
+def verdict(model, before, tree: DraftTree, logits: mx.array, refs: mx.array, env, what: str,
+            measure=position_census, verify: Optional[Callable] = None, **evidence) -> Verdict:
     """All of ``logits``' rows judged after :func:`against` (same arguments):
     bit-exact where they equal classic decoding's ``refs`` or the same-width
     forwards, else :func:`~treespec.evidence.verdicts.judge` against ``env``
-    with ``controls``, the ring's placement and the proof at the attentions,
-    and why no same-width proof held appended to any verdict short of
-    bit-exact. ``evidence``: judge's other hooks (isolation, census, leak)."""
+    with the ring's placement and the proof at the attentions, and why no
+    same-width proof held appended to any verdict short of bit-exact.
+    ``evidence``: judge's other hooks (controls, isolation, census, leak)."""
     found = against(model, before, tree, logits, refs, env, measure, verify)
     if found.proven:
         moved = mx.max(mx.abs(logits.astype(mx.float32) - refs.astype(mx.float32))).item()
         return Verdict(BIT_EXACT, 0.0, detail=(
             f"{found.proven} ({moved:.3g} from classic decoding's rows, the forwards of their own "
             "widths: the backend's width dependence)"))
-    out = judge(logits, refs, env, controls, what=what, placement=found.placement,
+    out = judge(logits, refs, env, what=what, placement=found.placement,
                 attention=found.attention, **evidence)
     if found.why and out.word != BIT_EXACT:
         out = replace(out, detail="; ".join(x for x in (out.detail, found.why) if x))

@@ -4,11 +4,13 @@ that leave the caches untouched."""
 
 from .adapter import Family, TreeAdapter, TreeRefused
 from .for_model import ChainAdapter, adapter_for
-from .row_invariant import KERNEL_ROW_ADAPTER, MEMO_NAMES, ROW_ADAPTER, KernelRowAdapter, RowAdapter
+from .row_invariant import (CHUNK_ROW_ADAPTER, KERNEL_ROW_ADAPTER, MEMO_NAMES, ROW_ADAPTER,
+                            KernelRowAdapter, RowAdapter, chunks_name)
 from .attention import injected, tree_injected, tree_mask
 from .strategy import ChainOnly, RecurrentStrategy, register_recurrent
 
 __all__ = [
+    "CHUNK_ROW_ADAPTER",
     "ChainAdapter",
     "ChainOnly",
     "Family",
@@ -21,6 +23,7 @@ __all__ = [
     "TreeAdapter",
     "TreeRefused",
     "adapter_for",
+    "chunks_name",
     "injected",
     "register_recurrent",
     "tree_injected",

@@ -40,14 +40,21 @@ from .tree_recurrence import TreeRecurrence
 # what the row kernels may stand in for (an embedding: its as_linear, a tied head)
 _LINEARS = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
 
-__all__ = ["KERNEL_ROW_ADAPTER", "KernelLinears", "KernelRowAdapter", "MEMO_NAMES", "ROW_ADAPTER",
-           "RowAdapter", "StandIns"]
+__all__ = ["CHUNK_ROW_ADAPTER", "KERNEL_ROW_ADAPTER", "KernelLinears", "KernelRowAdapter",
+           "MEMO_NAMES", "ROW_ADAPTER", "RowAdapter", "StandIns", "chunks_name"]
 
-# The gate's memo names an adapter; these two's verdicts are their own.
+# The gate's memo names an adapter; these three's verdicts are their own.
 ROW_ADAPTER = "treespec.verify.row_invariant"
 KERNEL_ROW_ADAPTER = "treespec.verify.row_invariant+kernels"
+CHUNK_ROW_ADAPTER = "treespec.verify.row_invariant+chunks"  # and " of W": chunks_name
 # --verify's modes other than flat, and the memo name of each one's verdicts
-MEMO_NAMES = {"rows": ROW_ADAPTER, "kernels": KERNEL_ROW_ADAPTER}
+MEMO_NAMES = {"rows": ROW_ADAPTER, "kernels": KERNEL_ROW_ADAPTER, "chunks": CHUNK_ROW_ADAPTER}
+
+
+def chunks_name(width: int) -> str:
+    """The memo name of the verify with its linears in calls of ``width``
+    rows (treespec.backend.row_chunks): one verdict per width."""
+    return f"{CHUNK_ROW_ADAPTER} of {width}"
 
 
 class RowAdapter(TreeAdapter):
