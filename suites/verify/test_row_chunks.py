@@ -7,9 +7,10 @@ rows too. On a backend whose wider products sum in another order (OpenBLAS
 in float32: from 4 rows for the zoo's shapes) this is where ``--verify rows``
 stops (it caps rounds at that width) and the flat verify is declined.
 
-The references are one-token steps of mlx-lm's own forward, never the code
-under test; each check is shown to separate with a chunk planted one bit
-step off, on every backend."""
+Here: the chunks' calls, the plan against planted census rows, and that the
+per-node check (suites/verify/test_row_invariant.py, mode "chunks": one-token
+steps of mlx-lm's own forward as the reference) separates a row planted one
+bit step off, on every backend."""
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from suites.verify import helpers
+from suites.verify.test_row_invariant import _steps
 from treespec.backend.census import Row
 from treespec.backend.row_chunks import RowChunks
 from treespec.cli.rows import chunks_plan
@@ -24,17 +26,8 @@ from treespec.errors import UsageError
 from treespec.evidence.controls import clone
 from treespec.tree import DraftTree
 from treespec.verify import adapter_for
-from treespec.zoo import cpu_limitation
 
 pytestmark = pytest.mark.exactness
-
-FAMILIES = ("llama", "qwen3", "qwen3_5")
-TREES = {
-    "chain of 6": [-1, 0, 1, 2, 3, 4],
-    "branching 7": [-1, 0, 0, 1, 1, 2, 4],
-    "branching 12": [-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 5, 8],
-}
-
 
 def _layers(dtype):
     rng = np.random.RandomState(0)
@@ -131,20 +124,8 @@ def test_the_plan_chunks_at_the_products_width_and_caps_at_the_rest():
         chunks_plan(None, 6, False, measure=_census(error="No implementation"))
 
 
-def _steps(model, before, tree) -> mx.array:
-    """Classic decoding's logits at every node: one-token steps along its
-    root path, each from its own copy of the cache state before the tree."""
-    out = []
-    for i in range(len(tree)):
-        cache = clone(before)
-        for j in tree.path_to(i):
-            logits = model(mx.array([[tree.tokens[j]]]), cache=cache)
-        out.append(logits[0, -1])
-    return mx.stack(out)
-
-
 class _OneChunkOff(RowChunks):
-    """Chunks with a defect: the last chunk of every product moved by one part
+    """Chunks with a defect: the last row of every product moved by one part
     in 2^7 (a factor every float dtype holds exactly)."""
 
     def linear_rows(self, layer, x):
@@ -155,24 +136,15 @@ class _OneChunkOff(RowChunks):
         return y * scale.reshape([-1 if a == axis else 1 for a in range(y.ndim)])
 
 
-@pytest.mark.parametrize("shape", TREES, ids=list(TREES))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", FAMILIES)
-def test_every_node_row_is_classic_decodings_one_token_step_at_any_width(family, dtype, shape):
-    why = cpu_limitation(family, dtype, None) if mx.default_device() == mx.cpu else None
-    if why:
-        pytest.skip(why)
-    model = helpers.model(family, dtype)
-    tree = DraftTree(helpers.tokens(len(TREES[shape]), 3), TREES[shape])
-    plan = chunks_plan(model, len(tree) - 1, False)
-    if plan.cap is not None:
-        pytest.skip(f"outside the products the census keeps rows of {family} {dtype} up to "
-                    f"{plan.cap[0]} nodes on this backend ({plan.cap[1]}); a tree of "
-                    f"{len(tree)} is past it")
+def test_the_chunked_verifys_check_separates_a_row_one_bit_step_off(dtype):
+    # suites/verify/test_row_invariant.py compares the chunked verify with
+    # one-token steps per family, dtype and tree; the same comparison with one
+    # row of every product planted off must fail, on any backend.
+    model = helpers.model("llama", dtype)
+    tree = DraftTree(helpers.tokens(7, 3), [-1, 0, 0, 1, 1, 2, 4])
     before = helpers.history(9).replay(model)
     want = _steps(model, before, tree)
-    got = adapter_for(model, kernels=RowChunks(plan.width)).verify(tree, clone(before))
-    assert mx.array_equal(got, want).item(), (plan, helpers.max_abs_diff(got, want))
-    # the same check, one chunk planted a bit step off: it separates on any backend
-    off = adapter_for(model, kernels=_OneChunkOff(plan.width)).verify(tree, clone(before))
+    width = chunks_plan(model, len(tree) - 1, True).width
+    off = adapter_for(model, kernels=_OneChunkOff(width)).verify(tree, clone(before))
     assert not mx.array_equal(off, want).item()

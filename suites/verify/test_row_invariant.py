@@ -1,7 +1,10 @@
 """The row-invariant verify (treespec.verify.row_invariant, ``--verify rows``):
 every node's logits row equals, bit for bit, classic decoding's one-token
 steps along its root path, wherever the census measures this backend's
-batch rows and product rows invariant up to the tree's width. Nothing is
+batch rows and product rows invariant up to the tree's width; with its
+linears in chunks of the products' width (``--verify chunks``), wherever the
+rest of those rows is (suites/verify/test_row_chunks.py has the chunks
+themselves). Nothing is
 assumed about the backend: the width is the census's
 (treespec.backend.census.row_width) of the model's own shapes, measured in
 this run, and a tree past it is reported, not asserted.
@@ -18,7 +21,8 @@ import pytest
 
 from suites.verify import helpers
 from treespec.backend.census import Row, census, row_width
-from treespec.cli.rows import rows_cap
+from treespec.backend.row_chunks import RowChunks
+from treespec.cli.rows import chunks_plan, rows_cap
 from treespec.errors import UsageError
 from treespec.evidence.controls import clone
 from treespec.tree import DraftTree
@@ -62,21 +66,34 @@ def _bits_equal(a: mx.array, b: mx.array) -> bool:
     return a.shape == b.shape and mx.array_equal(a, b).item()
 
 
+def _verify(model, mode: str, nodes: int):
+    """(the row-invariant verify of ``mode``, the most nodes the census keeps
+    it exact for): ``rows``, the census's whole width; ``chunks`` (every
+    linear in calls of its products' width: treespec.backend.row_chunks),
+    the width of the rest (treespec.cli.rows.chunks_plan)."""
+    if mode == "rows":
+        return adapter_for(model, rows=True), _width(model)
+    plan = chunks_plan(model, nodes - 1, False)
+    return (adapter_for(model, kernels=RowChunks(plan.width)),
+            nodes if plan.cap is None else plan.cap[0])
+
+
+@pytest.mark.parametrize("mode", ["rows", "chunks"])
 @pytest.mark.parametrize("shape", TREES, ids=list(TREES))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_node_row_is_classic_decodings_one_token_step(family, dtype, shape):
+def test_every_node_row_is_classic_decodings_one_token_step(family, dtype, shape, mode):
     why = cpu_limitation(family, dtype, None) if mx.default_device() == mx.cpu else None
     if why:
         pytest.skip(why)
     model = helpers.model(family, dtype)
     tree = DraftTree(helpers.tokens(len(TREES[shape]), 3), TREES[shape])
-    width = _width(model)
+    verify, width = _verify(model, mode, len(tree))
     if len(tree) > width:
-        pytest.skip(f"the census keeps rows of {family} {dtype} invariant up to {width} nodes "
-                    f"on this backend; a tree of {len(tree)} is past it")
+        pytest.skip(f"the census keeps the rows --verify {mode} rests on for {family} {dtype} "
+                    f"up to {width} nodes on this backend; a tree of {len(tree)} is past it")
     before = helpers.history(9).replay(model)
-    got = adapter_for(model, rows=True).verify(tree, clone(before))
+    got = verify.verify(tree, clone(before))
     want = _steps(model, before, tree)
     assert _bits_equal(got, want), helpers.max_abs_diff(got, want)
 
