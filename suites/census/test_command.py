@@ -33,6 +33,7 @@ pytestmark = pytest.mark.exactness
 
 ROOT = Path(__file__).resolve().parents[2]
 NON_PRODUCTS = ("sdpa", "rms_norm", "rope", "conv1d", "gated_delta", "ssm_update", "ssm_step")
+PRODUCTS = ("matmul", "addmm", "quantized_matmul")  # the census's names of a linear's product
 
 
 def run(capsys, *argv):
@@ -55,9 +56,19 @@ def test_the_table_names_the_backend_and_gives_a_row_per_op_how_and_dtype(capsys
     for r in rows:  # each row once, with its verdict (the position rows their own kind)
         assert sum(ln.split()[:3] == [r.op, r.how, r.dtype] and r.shape in ln
                    and r.verdict in ln for ln in lines) == 1, r
-    assert lines[-3].startswith(c.summary(rows))
+    assert lines[-4].startswith(c.summary(rows))
     width = c.row_width(rows, "float32")[0]
-    assert lines[-2].startswith(f"row-invariant verify (--verify rows): float32 up to {width} nodes")
+    assert lines[-3].startswith(f"row-invariant verify (--verify rows): float32 up to {width} nodes")
+    # --verify chunks: the products' rows (either layout) set the chunk, the
+    # rest of the rows the verify rests on the nodes; worked out here by hand
+    def cap(r):
+        return r.widths[-1] if r.first_differs is None else r.first_differs - 1
+    used = [r for r in rows if r.how == "batch" or (r.how == "tokens" and r.op in PRODUCTS)]
+    chunk = min(cap(r) for r in used if r.op in PRODUCTS)
+    rest = min(cap(r) for r in used if r.op not in PRODUCTS)
+    assert lines[-2].startswith(f"with chunked linears (--verify chunks): products in calls of "
+                                f"float32 up to {chunk} rows"), lines[-2]
+    assert f"; the rest float32 up to {rest} nodes" in lines[-2], lines[-2]
     width = position_width(rows, "float32")[0]
     assert lines[-1].startswith(f"rows by width alone, not place (same-width reference): "
                                 f"float32 up to {width}")

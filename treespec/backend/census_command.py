@@ -14,6 +14,7 @@ from . import blas
 from .census import format_table, row_width, summary, to_json, widths_text
 from .census_child import isolated
 from .census_position import position_width
+from .row_chunks import chunk_width, rest_width
 from .census_shapes import model_dtype
 
 TF32 = "MLX_ENABLE_TF32"
@@ -62,6 +63,10 @@ def cmd_census(args) -> int:
                           "summary": summary(rows), "seconds": round(seconds, 3),
                           "row_invariant_width": {d: row_width(rows, d)[0]
                                                   for d in dict.fromkeys(r.dtype for r in rows)},
+                          "chunk_width": {d: chunk_width(rows, d)[0]
+                                          for d in dict.fromkeys(r.dtype for r in rows)},
+                          "chunked_rest_width": {d: rest_width(rows, d)[0]
+                                                 for d in dict.fromkeys(r.dtype for r in rows)},
                           "position_width": {d: position_width(rows, d)[0]
                                              for d in dict.fromkeys(r.dtype for r in rows)}}))
     else:
@@ -71,6 +76,7 @@ def cmd_census(args) -> int:
         print()
         print(f"{summary(rows)} ({len(rows)} rows in {seconds:.2f} s)")
         print(rows_line(rows))
+        print(chunks_line(rows))
         print(position_line(rows))
     return 0
 
@@ -80,6 +86,14 @@ def rows_line(rows) -> str:
     (``--verify rows``) keeps every node's row bit-identical to one-token
     steps on this backend, and the first row that limits it."""
     return "row-invariant verify (--verify rows): " + _per_dtype(rows, row_width, " nodes")
+
+
+def chunks_line(rows) -> str:
+    """One line: per dtype, in calls of how many rows ``--verify chunks`` runs
+    the linears, and up to how many nodes the rest keeps the verify exact."""
+    return ("with chunked linears (--verify chunks): products in calls of "
+            + _per_dtype(rows, chunk_width, " rows") + "; the rest "
+            + _per_dtype(rows, rest_width, " nodes"))
 
 
 def position_line(rows) -> str:

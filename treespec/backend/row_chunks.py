@@ -18,12 +18,35 @@ linear layer chunked. Nothing here is declared exact: the width comes from a
 measurement, and the gate measures the verify.
 """
 
-from typing import Optional
+from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 
-__all__ = ["RowChunks"]
+from .census import Row, narrowest, row_invariant
+
+__all__ = ["PRODUCTS", "RowChunks", "chunk_width", "rest_width"]
+
+PRODUCTS = ("matmul", "addmm", "quantized_matmul")  # the census ops a linear layer is
+
+
+def chunk_width(rows: Sequence[Row], dtype: Optional[str] = None
+                ) -> Tuple[Optional[int], List[Row]]:
+    """(the most rows a product call may take with every row keeping the bits
+    it has alone, in both layouts the row-invariant verify uses: the
+    narrowest of the census's product rows it rests on; the rows that set
+    it), as treespec.backend.census.row_width; ``dtype``: that dtype's only."""
+    return narrowest([r for r in rows if row_invariant(r) and r.op in PRODUCTS
+                      and dtype in (None, r.dtype)])
+
+
+def rest_width(rows: Sequence[Row], dtype: Optional[str] = None
+               ) -> Tuple[Optional[int], List[Row]]:
+    """The same for every other row the row-invariant verify rests on
+    (attention's batch rows, norms, rope, recurrences): the most nodes the
+    verify with chunked linears keeps exact."""
+    return narrowest([r for r in rows if row_invariant(r) and r.op not in PRODUCTS
+                      and dtype in (None, r.dtype)])
 
 _LINEAR = (nn.Linear, nn.QuantizedLinear)
 _EMBEDDING = (nn.Embedding, nn.QuantizedEmbedding)  # as_linear: a tied output head

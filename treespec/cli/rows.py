@@ -14,10 +14,9 @@ batch rows, norms, rope) caps a round."""
 
 from typing import Callable, NamedTuple, Optional, Tuple
 
-from ..backend.census import Row, census, narrowest, row_invariant, row_width
+from ..backend.census import Row, census, row_width
+from ..backend.row_chunks import chunk_width, rest_width
 from ..errors import UsageError
-
-PRODUCTS = ("matmul", "addmm", "quantized_matmul")  # the census ops a linear layer is
 
 
 def rows_cap(target, draft_nodes: Optional[int], allow_inexact: bool,
@@ -60,8 +59,8 @@ def chunks_plan(target, draft_nodes: int, allow_inexact: bool,
     None with ``allow_inexact``). A product that keeps no row beyond the
     first still chunks, one row a call (a one-token step's own call)."""
     nodes = draft_nodes + 1
-    rows = [r for r in measure(target, widths=range(1, nodes + 1)) if row_invariant(r)]
-    width, limiting = narrowest([r for r in rows if r.op in PRODUCTS])
+    rows = measure(target, widths=range(1, nodes + 1))
+    width, limiting = chunk_width(rows)
     if width == 0:
         raise UsageError(f"--verify chunks: a product of this model could not run on this "
                          f"backend ({_why(limiting[0])})")
@@ -69,7 +68,7 @@ def chunks_plan(target, draft_nodes: int, allow_inexact: bool,
              else Chunks(max(1, min(width, nodes)), _why(limiting[0]) if limiting else "", None))
     if allow_inexact:
         return chunk
-    cap, limiting = narrowest([r for r in rows if r.op not in PRODUCTS])
+    cap, limiting = rest_width(rows)
     if cap is None or cap >= nodes:
         return chunk
     if cap < 2:
