@@ -291,5 +291,7 @@ def test_the_command_line_caps_rounds_at_the_census_width_and_names_the_row():
     width, why = rows_cap(None, 6, False, measure=_census_of(4))
     assert width == 3 and "matmul tokens float32 64->64: differs from 4" in why
     assert rows_cap(None, 6, True, measure=_census_of(4)) is None  # --allow-inexact runs it all
-    with pytest.raises(UsageError, match="keeps a row's bits for one node only"):
+    with pytest.raises(UsageError, match="keeps a row's bits for one node only") as refused:
         rows_cap(None, 6, False, measure=_census_of(2))
+    # a product sets it: the chunked linears are the way on (suites/verify/test_row_chunks.py)
+    assert "give --verify chunks" in str(refused.value)

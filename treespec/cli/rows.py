@@ -15,7 +15,7 @@ batch rows, norms, rope) caps a round."""
 from typing import Callable, NamedTuple, Optional, Tuple
 
 from ..backend.census import Row, census, row_width
-from ..backend.row_chunks import chunk_width, rest_width
+from ..backend.row_chunks import PRODUCTS, chunk_width, rest_width
 from ..errors import UsageError
 
 
@@ -34,8 +34,10 @@ def rows_cap(target, draft_nodes: Optional[int], allow_inexact: bool,
         return None
     why = _why(limiting[0])
     if width < 2:
+        chunks = ("--verify chunks (its linears in calls this backend keeps), "
+                  if all(r.op in PRODUCTS for r in limiting) else "")
         raise UsageError(f"--verify rows: this backend keeps a row's bits for one node only "
-                         f"({why}), so no round would be exact; give --verify flat, or "
+                         f"({why}), so no round would be exact; give {chunks}--verify flat, or "
                          "--allow-inexact to run it anyway")
     return width, why
 
