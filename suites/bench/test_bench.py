@@ -387,10 +387,23 @@ def test_scaled_with_a_checkpoint_is_refused(capsys):
     (["--scaled", "128x4", "--alpha", "0"], "--alpha must be in (0, 1], got 0"),
     (["--scaled", "96x4", "--bits", "4"], "--scaled's hidden size must be a multiple of 64, got 96"),
     (["--bits", "4"], "--bits quantizes the --scaled pair"),
-], ids=["draft layers", "alpha", "bits group", "bits without scaled"])
+    (["--scaled-dtype", "float32"], "--scaled-dtype sets the --scaled pair's dtype"),
+], ids=["draft layers", "alpha", "bits group", "bits without scaled", "dtype without scaled"])
 def test_a_scaled_pair_that_cannot_be_built_is_refused_before_building(capsys, flags, says):
     assert cli.main(["bench", *flags]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_a_scaled_pair_is_built_in_the_dtype_asked_for():
+    out = subprocess.run(
+        [sys.executable, "-m", "treespec", "bench", "--scaled", "128x4", "--scaled-dtype",
+         "float32", "--prompts", "1", "--max-tokens", "4", "--repeats", "1", "--blocks", "2",
+         "--trees", "", "--no-auto", "--no-mlx-lm", "--no-confidence", "--json"],
+        cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["model"].startswith("scaled llama 128x4 float32 "), report["model"]
+    assert [r["name"] for r in report["rows"]] == ["classic", "chain b=2"]
 
 
 # ----------------------------------------------------------------------------- the real paths

@@ -81,6 +81,9 @@ def cmd_bench(args) -> int:
     if args.bits is not None and args.scaled is None:
         raise UsageError("--bits quantizes the --scaled pair; a checkpoint keeps its own "
                          "quantization (give --bits with --scaled)")
+    if args.scaled_dtype is not None and args.scaled is None:
+        raise UsageError("--scaled-dtype sets the --scaled pair's dtype; a checkpoint keeps its "
+                         "own (give --scaled-dtype with --scaled)")
     if args.scaled is not None:
         scaled_refusal(*args.scaled, args.draft_layers, args.alpha, args.bits)
     if args.batch_levels and not any(c.batch_levels for c in configs):
@@ -104,8 +107,9 @@ def cmd_bench(args) -> int:
     auto_prompts = tokenizer = None
     if args.scaled is not None:
         hidden, layers = args.scaled
+        dtype = args.scaled_dtype or "bfloat16"
         target, draft = scaled.build_pair(hidden, layers, args.draft_layers, args.alpha,
-                                          bits=args.bits)
+                                          dtype=dtype, bits=args.bits)
         if group is not None:  # seeded: the same weights on every rank, then sharded
             target = _sharded(lambda: shard.shard(target, group, how))
         # Random weights know no text: seeded token prompts, no EOS; auto
@@ -114,7 +118,7 @@ def cmd_bench(args) -> int:
         prompts, auto_prompts = prompts[: args.prompts], prompts[args.prompts:]
         eos = []
         q = "" if args.bits is None else f" {args.bits}-bit"
-        pair = (f"scaled llama {hidden}x{layers} bf16{q} ({n_params(target) / 1e9:.2f}B), "
+        pair = (f"scaled llama {hidden}x{layers} {dtype}{q} ({n_params(target) / 1e9:.2f}B), "
                 f"drafter its first {args.draft_layers} layers "
                 f"({n_params(draft) / 1e9:.2f}B), alpha {args.alpha}")
         report_extra = {"machine": machine, "model": pair, "draft_model": pair,
@@ -152,9 +156,9 @@ def cmd_bench(args) -> int:
         kernels, name = mode == "kernels", None
         if mode == "chunks":  # the width the census measures for the largest row's round
             nodes = max([c.budget for c in configs if c.verify == mode] or [1])
-            width = chunks_plan(target, nodes, allow_inexact=True).width
-            kernels, name = RowChunks(width), chunks_name(width)
-            say(f"--verify chunks: linear layers in calls of at most {width} rows")
+            plan = chunks_plan(target, nodes, allow_inexact=True)
+            kernels, name = RowChunks(plan.width), chunks_name(plan.width)
+            say(plan.line())
         try:
             adapter = adapter_for(target, rows=True, kernels=kernels)
         except TreeRefused as e:

@@ -176,8 +176,7 @@ def cmd_generate(args) -> int:
         elif plan is not None:
             cap = plan.cap
             if say:
-                print(f"note: --verify chunks: linear layers in calls of at most {plan.width} "
-                      f"rows{f' ({plan.why})' if plan.why else ''}", file=sys.stderr)
+                print(f"note: {plan.line()}", file=sys.stderr)
         else:  # kernels: the census's linear rows are MLX's, not the kernels'; no cap (the
             # gate measures the verify at each round's width either way)
             left = kwargs["adapter"].covered()

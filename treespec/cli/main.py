@@ -66,8 +66,11 @@ def add_bench_parser(sub):
     p.add_argument("--allow-inexact", action="store_true",
                    help="time configurations whose probe found differences (still text-diffed)")
     p.add_argument("--scaled", type=parse_dims, metavar="HIDDENxLAYERS",
-                   help="instead of a checkpoint pair: a random bf16 llama of this size and a "
+                   help="instead of a checkpoint pair: a random llama of this size and a "
                    "drafter cut from it (treespec.bench.scaled), e.g. 2048x16 (~0.8B)")
+    p.add_argument("--scaled-dtype", choices=("bfloat16", "float16", "float32"),
+                   help="--scaled: the pair's dtype (default bfloat16); float32 is where a "
+                   "CPU BLAS's wider products sum in another order")
     p.add_argument("--draft-layers", type=int, default=2, help="--scaled: the drafter's depth")
     p.add_argument("--bits", type=int, choices=(4, 8),
                    help="--scaled: quantize both models' linears (and the target's head) to "

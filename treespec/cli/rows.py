@@ -51,6 +51,12 @@ class Chunks(NamedTuple):
     why: str  # the census row that sets it ('' where every measured width kept its rows)
     cap: Optional[Tuple[int, str]]  # (most nodes a round verifies, why), None: no cap
 
+    def line(self) -> str:
+        """What the commands say of it: "--verify chunks: linear layers ..."."""
+        rows = "one row a call" if self.width == 1 else f"calls of at most {self.width} rows"
+        return (f"--verify chunks: linear layers in {rows}"
+                f"{f' ({self.why})' if self.why else ''}")
+
 
 def chunks_plan(target, draft_nodes: int, allow_inexact: bool,
                 measure: Callable = census) -> Chunks:
