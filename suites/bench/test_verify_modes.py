@@ -1,6 +1,6 @@
 """treespec bench --verify rows|kernels|chunks: a row's gate measures the verify
 that row decodes with. Its probe is keyed by that verify's memo name
-(treespec.verify.MEMO_NAMES; chunks_name for chunks, one per width), so it is
+(treespec.verify.MEMO_NAMES; for chunks chunks_name, one per width), so it is
 never the flat verify's verdict for the same shapes, memoized in this process
 or on disk, and the reverse."""
 

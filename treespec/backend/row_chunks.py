@@ -48,6 +48,7 @@ def rest_width(rows: Sequence[Row], dtype: Optional[str] = None
     return narrowest([r for r in rows if row_invariant(r) and r.op not in PRODUCTS
                       and dtype in (None, r.dtype)])
 
+
 _LINEAR = (nn.Linear, nn.QuantizedLinear)
 _EMBEDDING = (nn.Embedding, nn.QuantizedEmbedding)  # as_linear: a tied output head
 

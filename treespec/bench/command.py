@@ -6,7 +6,6 @@ import sys
 import time
 
 from ..auto import choose as auto
-from ..backend.row_chunks import RowChunks
 from . import head_rows, scaled
 from .measure import (PROMPTS, BenchOptions, auto_config, bench, build_configs,
                       describe_choice)
@@ -18,12 +17,11 @@ from ..decoding import batch_levels_refusal
 from ..draft.head import head_refusal
 from ..heads.load import load_head
 from ..distributed import flags as sharding_flags, group as dist, shard
-from ..errors import OptionError, TreeRefused, UsageError
+from ..errors import OptionError, UsageError
 from ..models import n_params
 from ..options import KVOptions, Spelling
 from ..cli.process import prepare
-from ..cli.rows import chunks_plan
-from ..verify import adapter_for, chunks_name
+from ..cli.rows import chunks_plan, verify_adapter
 
 CURVE_TS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 
@@ -153,16 +151,12 @@ def cmd_bench(args) -> int:
     for mode in args.verify:
         if mode == "flat":
             continue
-        kernels, name = mode == "kernels", None
+        plan = None
         if mode == "chunks":  # the width the census measures for the largest row's round
             nodes = max([c.budget for c in configs if c.verify == mode] or [1])
             plan = chunks_plan(target, nodes, allow_inexact=True)
-            kernels, name = RowChunks(plan.width), chunks_name(plan.width)
             say(plan.line())
-        try:
-            adapter = adapter_for(target, rows=True, kernels=kernels)
-        except TreeRefused as e:
-            raise UsageError(f"--verify {mode}: {e}")
+        adapter, name = verify_adapter(target, mode, plan)
         for c in configs:
             if c.verify == mode:
                 c.adapter, c.adapter_name = adapter, name

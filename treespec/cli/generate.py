@@ -16,7 +16,6 @@ import warnings
 from ..auto.choose import ChooseOptions, choose
 from ..auto.predict import decode_kwargs as auto_kwargs
 from ..backend.blas import describe, detect
-from ..backend.row_chunks import RowChunks
 from ..checkpoints import check_same_tokenizer, default_pair, load_checkpoint
 from ..decoding import check, decode, detokenize
 from ..distributed import group as dist, shard
@@ -26,8 +25,7 @@ from .generate_args import chosen as auto_options, decode_kwargs
 from ..models import PositionWarning
 from .process import prepare
 from .startup import settings
-from ..verify import MEMO_NAMES, adapter_for, chunks_name
-from .rows import chunks_plan, rows_cap
+from .rows import chunks_plan, rows_cap, verify_adapter
 
 
 def encode_prompt(tokenizer, text: str, ignore_chat_template: bool = False):
@@ -162,14 +160,7 @@ def cmd_generate(args) -> int:
     if args.verify != "flat":
         plan = (chunks_plan(target, options.draft_nodes(), options.allow_inexact)
                 if args.verify == "chunks" else None)
-        try:
-            kernels = (RowChunks(plan.width) if plan is not None
-                       else args.verify == "kernels")
-            kwargs.update(adapter=adapter_for(target, rows=True, kernels=kernels),
-                          adapter_name=(chunks_name(plan.width) if plan is not None
-                                        else MEMO_NAMES[args.verify]))
-        except TreeRefused as e:
-            raise UsageError(f"--verify {args.verify}: {e}")
+        kwargs["adapter"], kwargs["adapter_name"] = verify_adapter(target, args.verify, plan)
         cap = None
         if args.verify == "rows":
             cap = rows_cap(target, options.draft_nodes(), options.allow_inexact)

@@ -15,8 +15,9 @@ batch rows, norms, rope) caps a round."""
 from typing import Callable, NamedTuple, Optional, Tuple
 
 from ..backend.census import Row, census, row_width
-from ..backend.row_chunks import PRODUCTS, chunk_width, rest_width
-from ..errors import UsageError
+from ..backend.row_chunks import PRODUCTS, RowChunks, chunk_width, rest_width
+from ..errors import TreeRefused, UsageError
+from ..verify import MEMO_NAMES, adapter_for, chunks_name
 
 
 def rows_cap(target, draft_nodes: Optional[int], allow_inexact: bool,
@@ -84,3 +85,17 @@ def chunks_plan(target, draft_nodes: int, allow_inexact: bool,
                          f"outside the products ({_why(limiting[0])}), so no round would be "
                          "exact; give --verify flat, or --allow-inexact to run it anyway")
     return chunk._replace(cap=(cap, _why(limiting[0])))
+
+
+def verify_adapter(target, mode: str, plan: Optional[Chunks] = None):
+    """(the adapter of ``--verify MODE`` for ``target``, the gate's memo name
+    of its verdicts): rows, kernels, or chunks of ``plan.width`` (named with
+    its width: one verdict per width). A refusal is a UsageError naming the
+    flag."""
+    chunks = mode == "chunks"
+    try:
+        adapter = adapter_for(target, rows=True, kernels=(RowChunks(plan.width) if chunks
+                                                          else mode == "kernels"))
+    except TreeRefused as e:
+        raise UsageError(f"--verify {mode}: {e}")
+    return adapter, chunks_name(plan.width) if chunks else MEMO_NAMES[mode]

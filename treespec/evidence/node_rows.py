@@ -28,6 +28,7 @@ from ..backend.census_position import position_census
 from ..tree import DraftTree
 from ..verify import adapter_for
 from .attention_rows import attention_proof
+from .controls import max_abs_diff
 from .same_width import position_reason, same_width_rows, time_ordered_rows
 from .verdicts import BIT_EXACT, Verdict, judge
 
@@ -79,9 +80,8 @@ def verdict(model, before, tree: DraftTree, logits: mx.array, refs: mx.array, en
     ``evidence``: judge's other hooks (controls, isolation, census, leak)."""
     found = against(model, before, tree, logits, refs, env, measure, verify)
     if found.proven:
-        moved = mx.max(mx.abs(logits.astype(mx.float32) - refs.astype(mx.float32))).item()
         return Verdict(BIT_EXACT, 0.0, detail=(
-            f"{found.proven} ({moved:.3g} from classic decoding's rows, the forwards of their own "
+            f"{found.proven} ({max_abs_diff(logits, refs):.3g} from classic decoding's rows, the forwards of their own "
             "widths: the backend's width dependence)"))
     out = judge(logits, refs, env, what=what, placement=found.placement,
                 attention=found.attention, **evidence)

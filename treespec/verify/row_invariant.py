@@ -47,8 +47,9 @@ __all__ = ["CHUNK_ROW_ADAPTER", "KERNEL_ROW_ADAPTER", "KernelLinears", "KernelRo
 ROW_ADAPTER = "treespec.verify.row_invariant"
 KERNEL_ROW_ADAPTER = "treespec.verify.row_invariant+kernels"
 CHUNK_ROW_ADAPTER = "treespec.verify.row_invariant+chunks"  # and " of W": chunks_name
-# --verify's modes other than flat, and the memo name of each one's verdicts
-MEMO_NAMES = {"rows": ROW_ADAPTER, "kernels": KERNEL_ROW_ADAPTER, "chunks": CHUNK_ROW_ADAPTER}
+# --verify's modes other than flat, and the memo name of each one's verdicts (chunks: per
+# width, chunks_name; never this width-less name)
+MEMO_NAMES = {"rows": ROW_ADAPTER, "kernels": KERNEL_ROW_ADAPTER}
 
 
 def chunks_name(width: int) -> str:
