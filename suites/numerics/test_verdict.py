@@ -12,6 +12,7 @@ import pytest
 import suites.verdict as verdict_plugin
 from suites.helpers_subprocess import project_env
 from treespec.backend import census, census_child
+from treespec.evidence.numerics import UNSOUND
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +81,7 @@ def test_every_test_s_verdict_reaches_the_table_and_the_json_from_xdist_workers(
 
 STRICT = '''
 import pytest
-from suites.verdict import expect
+from suites.verdict import expect, record
 from treespec.evidence import numerics
 
 pytestmark = pytest.mark.exactness
@@ -99,6 +100,10 @@ def test_unproven(case):
     if case == "inconclusive":
         expect(numerics.Verdict(numerics.INCONCLUSIVE, 1e-3, 1e-3, 4e-3, 1e-2, "controls 0.01"),
                "weak", "fam", "f32")
+    if case == "unsound":  # recorded as a backend not measured exact records it (expect: a skip)
+        record(numerics.Verdict(numerics.INCONCLUSIVE, float("nan"),
+                                detail=f"{numerics.UNSOUND}: q8 differs"), "sound", "fam", "q8")
+        pytest.skip("inconclusive: unsound")
     if case == "golden":
         pytest.skip("golden not recorded for regime planted: run `python -m pytest x --snapshot-update`")
 '''
@@ -117,13 +122,16 @@ def run_strict(tmp_path, cases, *args):
 
 @pytest.mark.parametrize("case, reason", [
     ("inconclusive", "inconclusive: weak [fam f32]"),
+    ("unsound", f"unsound kernel: sound [fam q8]: {UNSOUND}: q8 differs"),
     ("golden", "1 test(s): golden not recorded for regime planted: run `python -m pytest x "
                "--snapshot-update`"),
 ])
 def test_strict_verdicts_fail_a_run_that_left_a_contract_unproven(tmp_path, case, reason):
-    """Without --strict-verdicts an inconclusive contract and a golden this
-    backend never recorded are skips (reported, the run green); with it,
-    the run fails and says why: green means every contract concluded."""
+    """Without --strict-verdicts an inconclusive contract (one on a kernel
+    the backend computes unsoundly among them) and a golden this backend
+    never recorded are skips (reported, the run green); with it, the run
+    fails and says why, an unsound kernel named as such: green means every
+    contract concluded."""
     proc, data = run_strict(tmp_path, [case])
     assert proc.returncode == 0, proc.stdout[-3000:]
     if case == "golden":
