@@ -17,6 +17,7 @@ from suites.helpers_gate import gate_verdict
 from suites.helpers_numerics import model_label
 from suites.verdict import GATE, expect
 from treespec import zoo
+from treespec.evidence import weights_digest as digest
 from treespec.evidence.gate import configuration, decide, probe
 
 pytestmark = pytest.mark.exactness
@@ -43,6 +44,21 @@ def test_an_in_place_weight_edit_changes_the_weights_digest():
     q_proj(other).weight = edited
     assert configuration(other)["weights"] == after
     assert configuration(zoo.build("llama"))["weights"] == before
+
+
+def test_the_weights_digest_reads_every_piece_of_an_array(monkeypatch):
+    """The digest hashes large arrays in pieces, apart and in parallel: an
+    edit in any piece, the last one included, changes it; the same values
+    under other strides (a transposed view) hash alike."""
+    monkeypatch.setattr(digest, "PIECE", 64)  # a 4096-byte array in 64 pieces
+    w = mx.arange(1024, dtype=mx.float32).reshape(32, 32)
+    base = digest._hash_weights([("w", w)])
+    for at in (0, 511, 1023):  # first, middle and last piece
+        edited = mx.array(w).reshape(-1)
+        edited[at] = -1
+        assert digest._hash_weights([("w", edited.reshape(32, 32))]) != base, at
+    assert digest._hash_weights([("w", mx.contiguous(w.T).T)]) == base
+    assert digest._hash_weights([("v", w)]) != base  # the name is hashed too
 
 
 def test_the_gate_measures_again_after_an_in_place_weight_edit():

@@ -30,19 +30,18 @@ import os
 import platform
 import random
 import time
-import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 from mlx.utils import tree_flatten
 
 from mlx_lm.models.cache import make_prompt_cache
 
 from .. import caches
 from . import gate_memo
+from .weights_digest import weights_digest
 from ..backend.attention_check import AttentionCheck, interleaved_rows_match
 from ..backend.blas import detect
 from ..backend.cuda import CUDNN_SDPA
@@ -131,63 +130,6 @@ class Probe:
         return d
 
 
-def _address(w: mx.array) -> Optional[int]:
-    """Where ``w``'s bytes live now (evaluating it if it is pending); None
-    for a buffer that is not one contiguous block (a broadcast), which is
-    then hashed every time."""
-    view = memoryview(w)
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data if view.c_contiguous else None
-
-
-class _Digest:
-    """A model's weights digest and what it was computed over: each
-    parameter's array object, a reference to its value then (``copy.copy``
-    shares the buffer), and that buffer's address. An in-place edit
-    (``w[0] = 0``) keeps the array object but must give it another buffer:
-    the old one is still referenced here, so it cannot be reused for the
-    write. So an unchanged address means unchanged bytes, without reading
-    them. The reference can keep replaced weights alive until the next
-    digest of the model, or until the model is collected."""
-
-    def __init__(self, params):
-        self.ids = tuple((name, id(w)) for name, w in params)
-        self.values = [copy.copy(w) for _, w in params]
-        self.addresses = [_address(w) for _, w in params]
-        self.hex = _hash_weights(params)
-
-    def holds(self, params) -> bool:
-        return (tuple((name, id(w)) for name, w in params) == self.ids
-                and all(a is not None and _address(w) == a
-                        for (_, w), a in zip(params, self.addresses)))
-
-
-_DIGESTS: Dict[int, _Digest] = {}  # id(model) -> its last digest, dropped with the model
-
-
-def _weights_digest(model: nn.Module, params=None) -> str:
-    """Identity of the weights: every name, shape, dtype and byte. A sampled
-    hash could miss an edit and reuse a stale verdict. Hashing costs ~1 s per
-    GB, so it is remembered per model until a parameter is replaced
-    (loading, updating) or edited in place (see :class:`_Digest`).
-    ``params``: ``tree_flatten(model.parameters())`` if the caller has it."""
-    if params is None:
-        params = tree_flatten(model.parameters())
-    held = _DIGESTS.get(id(model))
-    if held is None or not held.holds(params):
-        if held is None:
-            weakref.finalize(model, _DIGESTS.pop, id(model), None)
-        held = _DIGESTS[id(model)] = _Digest(params)
-    return held.hex
-
-
-def _hash_weights(params) -> str:
-    h = hashlib.sha256()
-    for name, w in params:
-        h.update(f"{name}:{w.shape}:{w.dtype}".encode())
-        h.update(bytes(memoryview(mx.contiguous(w).view(mx.uint8) if w.dtype == mx.bfloat16 else w)))
-    return h.hexdigest()[:16]
-
-
 @functools.lru_cache(maxsize=None)
 def _machine(device: str) -> dict:
     """What can change the arithmetic besides the model and the BLAS: the
@@ -213,7 +155,7 @@ def configuration(model: nn.Module, params=None) -> dict:
                    ) if holds_scales(params) else []
     return {
         "model_type": model_type(model),
-        "weights": _weights_digest(model, params),
+        "weights": weights_digest(model, params),
         "dtypes": dtypes,
         "weight_quant": [f"{b}bit/g{g}" for b, g in quant],
         "kv_quant": None,
