@@ -147,12 +147,17 @@ def unrecorded():
         _current = saved
 
 
+def _unsound(word: str, detail: str) -> bool:
+    """An inconclusive verdict left so by the backend's own unsound products
+    (treespec.evidence.verdicts.unsound), not by a contract that could not decide."""
+    return word == numerics.INCONCLUSIVE and numerics.UNSOUND in detail
+
+
 def expect(verdict: numerics.Verdict, contract: str, family: str = "-", dtype: str = "-"):
     """Record ``verdict``; fail the test on FAIL, skip it (with the figures)
     when inconclusive; return it otherwise. Inconclusive for unsound kernels
     (treespec.backend.soundness) is a FAIL on a backend measured exact."""
-    if verdict.word == numerics.INCONCLUSIVE and numerics.UNSOUND in verdict.detail \
-            and exact_backend():
+    if _unsound(verdict.word, verdict.detail) and exact_backend():
         verdict = numerics.Verdict(numerics.FAIL, verdict.max_diff, detail=(
             f"on {regime()}, measured exact by the census: {verdict.detail}"))
     record(verdict, contract, family, dtype)
@@ -288,7 +293,7 @@ class _Collector:
         # repeat its bits (treespec.backend.soundness) still fails the run:
         # it is the backend's defect, not a pass, and is named as such.
         out = [(f"unsound kernel: {r['contract']} [{r['family']} {r['dtype']}]: {r['detail']}"
-                if numerics.UNSOUND in r["detail"] else
+                if _unsound(r["verdict"], r["detail"]) else
                 f"inconclusive: {r['contract']} [{r['family']} {r['dtype']}]")
                for r in rows if r["verdict"] == numerics.INCONCLUSIVE]
         out += [f"{n} test(s): {msg}" for msg, n in sorted(self.goldens.items())]

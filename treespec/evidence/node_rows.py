@@ -81,8 +81,8 @@ def verdict(model, before, tree: DraftTree, logits: mx.array, refs: mx.array, en
     found = against(model, before, tree, logits, refs, env, measure, verify)
     if found.proven:
         return Verdict(BIT_EXACT, 0.0, detail=(
-            f"{found.proven} ({max_abs_diff(logits, refs):.3g} from classic decoding's rows, the forwards of their own "
-            "widths: the backend's width dependence)"))
+            f"{found.proven} ({max_abs_diff(logits, refs):.3g} from classic decoding's rows, "
+            "the forwards of their own widths: the backend's width dependence)"))
     out = judge(logits, refs, env, what=what, placement=found.placement,
                 attention=found.attention, **evidence)
     if found.why and out.word != BIT_EXACT:

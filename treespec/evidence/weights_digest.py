@@ -83,17 +83,17 @@ def _hash_weights(params) -> str:
     then each PIECE bytes of it hashed apart, on every core (hashing one
     stream took about 1 s per GB on one core). Every byte is read: any edit
     changes its piece's digest and so the whole."""
-    heads, pieces = [], []
+    heads, pieces = [], []  # per parameter: its header and how many pieces it has
     for name, w in params:
         c = mx.contiguous(w)  # row-major: the logical order, whatever the strides
         data = memoryview(c.view(mx.uint8) if c.dtype == mx.bfloat16 else c).cast("B")
-        heads.append((f"{name}:{w.shape}:{w.dtype}:{len(data)}".encode(), len(pieces)))
-        pieces += [data[i:i + PIECE] for i in range(0, len(data), PIECE)]
+        mine = [data[i:i + PIECE] for i in range(0, len(data), PIECE)]
+        heads.append((f"{name}:{w.shape}:{w.dtype}:{len(data)}".encode(), len(mine)))
+        pieces += mine
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        digests = list(pool.map(_sha, pieces))
-    h = hashlib.sha256()
-    for i, (head, start) in enumerate(heads):
-        end = heads[i + 1][1] if i + 1 < len(heads) else len(pieces)
-        h.update(head)
-        h.update(b"".join(digests[start:end]))
+        digests = iter(pool.map(_sha, pieces))
+        h = hashlib.sha256()
+        for head, n in heads:
+            h.update(head)
+            h.update(b"".join(next(digests) for _ in range(n)))
     return h.hexdigest()[:16]
